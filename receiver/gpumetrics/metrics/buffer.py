@@ -1,0 +1,125 @@
+"""Per-resource buffers of data points: :class:`Point` and :class:`MetricBuffer`.
+
+A buffer holds the points recorded for one resource (the host, or one process) since the last
+``Producer.produce``. Metrics are created from their catalogue spec on first use, so a buffer never
+holds a metric the catalogue does not describe.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpumetrics.metrics.spec import MetricSpec, ValueType
+
+Attributes = tuple[tuple[str, Any], ...]
+"""Point attributes as ordered ``(key, value)`` pairs (hashable; keys must be unique)."""
+
+
+class UnknownMetricError(KeyError):
+    """A metric name that is not in the catalogue."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"unknown metric {self.name!r}: not in catalogue.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One OTLP ``NumberDataPoint``.
+
+    Attributes:
+        value: the reading in the metric's unit (int for ``value_type: int`` metrics).
+        time_unix_nano: observation time, ns since the Unix epoch.
+        attributes: point attributes (GPU attributes first, then the metric's own).
+        start_time_unix_nano: start of a cumulative series, ns since the Unix epoch; required
+            (non-zero) for Sum metrics, 0 (unset) for gauges.
+    """
+
+    value: int | float
+    time_unix_nano: int
+    attributes: Attributes = ()
+    start_time_unix_nano: int = 0
+
+
+class MetricBuffer:
+    """Data points per metric name for one resource.
+
+    Args:
+        specs: the metric specs this buffer may hold (name → spec), normally the catalogue's.
+    """
+
+    __slots__ = ("_specs", "_points")
+
+    def __init__(self, specs: Mapping[str, MetricSpec]) -> None:
+        self._specs = specs
+        self._points: dict[str, list[Point]] = {}
+
+    def points(self, name: str) -> list[Point]:
+        """The mutable point list of metric ``name``, created on first use.
+
+        Raises:
+            UnknownMetricError: ``name`` is not in the catalogue.
+        """
+        pts = self._points.get(name)
+        if pts is None:
+            if name not in self._specs:
+                raise UnknownMetricError(name)
+            pts = self._points[name] = []
+        return pts
+
+    def add(
+        self,
+        name: str,
+        value: int | float,
+        time_unix_nano: int,
+        attributes: Attributes = (),
+        start_time_unix_nano: int = 0,
+    ) -> Point:
+        """Validate and append one point to metric ``name``; return it.
+
+        Checks, from the spec: the value type (int metrics take ``int``, double metrics take
+        ``int | float``), finiteness, ratio metrics within [0, 1], a non-zero start time for Sum
+        metrics and a positive time.
+
+        Raises:
+            UnknownMetricError: ``name`` is not in the catalogue.
+            ValueError: naming the metric and the rule the point breaks. Callers drop and count
+                readings they know to be garbage before they get here; this is the last guard.
+        """
+        spec = self._specs.get(name)
+        if spec is None:
+            raise UnknownMetricError(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name}: value {value!r} is not a number")
+        if spec.value_type is ValueType.INT and not isinstance(value, int):
+            raise ValueError(f"{name}: int metric given {type(value).__name__} {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name}: value {value!r} is not finite")
+        if spec.ratio and not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name}: ratio {value!r} outside [0, 1]")
+        if time_unix_nano <= 0:
+            raise ValueError(f"{name}: time_unix_nano must be > 0")
+        if spec.instrument.is_sum and start_time_unix_nano <= 0:
+            raise ValueError(f"{name}: cumulative sum point needs start_time_unix_nano")
+        point = Point(value, time_unix_nano, attributes, start_time_unix_nano)
+        self.points(name).append(point)
+        return point
+
+    def items(self) -> Iterator[tuple[MetricSpec, list[Point]]]:
+        """Yield ``(spec, points)`` for every metric with at least one point, in first-use order."""
+        for name, pts in self._points.items():
+            if pts:
+                yield self._specs[name], pts
+
+    def __len__(self) -> int:
+        """Total number of points held."""
+        return sum(len(p) for p in self._points.values())
+
+    def __bool__(self) -> bool:
+        return any(self._points.values())

@@ -1,0 +1,63 @@
+"""Metric, attribute and scope name constants (the seed's names, kept recognisable).
+
+Metric names mirror ``catalogue.yaml``; ``tests/unit/test_catalogue.py`` fails if the two drift.
+Attribute keys are the semantic conventions' (v1.44.0, ``model/hardware``, ``model/network``,
+``model/process``) where one exists, ``nvidia.*`` otherwise.
+"""
+
+ScopeName = "parca.nvidia_gpu_metrics"
+"""Instrumentation scope of the GPU metrics (the seed's ``ScopeName``)."""
+
+SelfScopeName = "gpumetrics.self"
+"""Instrumentation scope of the sidecar's own telemetry."""
+
+SchemaURL = "https://opentelemetry.io/schemas/1.44.0"
+"""Semantic-conventions schema the ``hw.*`` metrics follow."""
+
+# --- metrics (catalogue.yaml) ---
+MetricGPUUtilization = "hw.gpu.utilization"
+MetricGPUMemoryUsage = "hw.gpu.memory.usage"
+MetricGPUMemoryLimit = "hw.gpu.memory.limit"
+MetricGPUMemoryUtilization = "hw.gpu.memory.utilization"
+MetricPower = "hw.power"
+MetricEnergy = "hw.energy"
+MetricTemperature = "hw.temperature"
+MetricStatus = "hw.status"
+MetricErrors = "hw.errors"
+MetricGPUMemoryCopyUtilization = "nvidia.gpu.memory_copy.utilization"
+MetricGPUPowerLimit = "nvidia.gpu.power.limit"
+MetricGPUClockSpeed = "nvidia.gpu.clock.speed"
+MetricGPUPCIeThroughput = "nvidia.gpu.pcie.throughput"
+MetricProcessUtilization = "nvidia.gpu.process.utilization"
+MetricProcessMemoryCopyUtilization = "nvidia.gpu.process.memory_copy.utilization"
+MetricProcessMemoryUsage = "nvidia.gpu.process.memory.usage"
+
+# --- attribute keys ---
+AttrHwID = "hw.id"
+AttrHwName = "hw.name"
+AttrHwParent = "hw.parent"
+AttrHwVendor = "hw.vendor"
+AttrHwModel = "hw.model"
+AttrHwSerialNumber = "hw.serial_number"
+AttrHwDriverVersion = "hw.driver_version"
+AttrHwFirmwareVersion = "hw.firmware_version"
+AttrHwType = "hw.type"
+AttrHwState = "hw.state"
+AttrHwGPUTask = "hw.gpu.task"
+AttrErrorType = "error.type"
+AttrNetworkIODirection = "network.io.direction"
+AttrClockDomain = "nvidia.gpu.clock.domain"
+AttrMIGMode = "nvidia.gpu.mig.mode"
+AttrMIGGPUInstanceID = "nvidia.gpu.mig.gpu_instance.id"
+AttrMIGComputeInstanceID = "nvidia.gpu.mig.compute_instance.id"
+AttrProcessPID = "process.pid"
+
+# --- attribute values ---
+HwTypeGPU = "gpu"
+GPUTaskGeneral = "general"
+GPUTaskEncoder = "encoder"
+GPUTaskDecoder = "decoder"
+DirectionTransmit = "transmit"
+DirectionReceive = "receive"
+HwStates = ("ok", "degraded", "failed", "predicted_failure")
+"""Every ``hw.state`` value; ``hw.status`` emits each one every cycle (1 for the current)."""

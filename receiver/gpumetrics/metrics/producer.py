@@ -1,0 +1,189 @@
+"""The :class:`Producer`: per-resource buffers drained into OTLP on each ``produce``.
+
+Collectors record points into the host buffer (device metrics) or into one buffer per process
+(per-process metrics). ``produce`` moves everything recorded since the previous call into OTLP:
+one ``Metric`` per name per scope (never two same-named metrics, prior-art finding 11), and one
+``ResourceMetrics`` per process that recorded a point since the previous call, so a process that
+stopped using the GPU gets no point in the next ``produce``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Protocol, TypeVar
+
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+from gpumetrics.metrics import names
+from gpumetrics.metrics.buffer import MetricBuffer
+from gpumetrics.metrics.encode import encode_attributes, encode_metric
+from gpumetrics.metrics.spec import MetricSpec, Scope, catalogue
+from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
+
+T = TypeVar("T")
+
+
+class ProcessResourcer(Protocol):
+    """Builds the OTLP resource of one process (implemented by ``gpumetrics.identity``)."""
+
+    def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
+        """Add the resource attributes of ``pid`` to ``attrs``.
+
+        Returns:
+            False when a relabel rule dropped the process: its points are not reported.
+        """
+
+
+class Renderer(Protocol):
+    """Anything that can append self-telemetry metrics to a repeated ``Metric`` field."""
+
+    def render(self, metrics: Any) -> int:
+        """Append metrics; return the number of data points written."""
+
+
+class Producer:
+    """Per-resource metric buffers and their conversion to OTLP.
+
+    Args:
+        specs: metric specs by name (default: the catalogue's GPU metrics).
+        scope: the instrumentation scope of the GPU metrics (default ``parca.nvidia_gpu_metrics``
+            with schema URL semconv 1.44.0).
+        host_attributes: attributes of the host resource (e.g. ``host.name``, ``k8s.node.name``).
+        disabled_metrics: metric names recorded but never emitted (configuration).
+        telemetry: where dropped processes are counted.
+        self_telemetry: rendered under scope ``gpumetrics.self`` on the host resource by
+            :meth:`collect`, or None.
+
+    ``record_host``/``record_process`` run their callback under the producer's lock: callbacks only
+    append points (no NVML calls, no I/O).
+    """
+
+    def __init__(
+        self,
+        specs: Mapping[str, MetricSpec] | None = None,
+        scope: Scope | None = None,
+        host_attributes: Mapping[str, Any] | None = None,
+        disabled_metrics: Collection[str] = (),
+        telemetry: SelfTelemetry = NO_TELEMETRY,
+        self_telemetry: Renderer | None = None,
+    ) -> None:
+        cat = catalogue()
+        self._specs = dict(specs if specs is not None else cat.metrics)
+        unknown = set(disabled_metrics) - set(self._specs)
+        if unknown:
+            raise ValueError(f"disabled_metrics: unknown metric(s) {sorted(unknown)}")
+        self._disabled = frozenset(disabled_metrics)
+        self._scope = scope or cat.scope
+        self._self_scope = cat.self_scope
+        self._host_attributes = dict(host_attributes or {})
+        self._telemetry = telemetry
+        self._self_telemetry = self_telemetry
+        self._lock = threading.Lock()
+        self._host = MetricBuffer(self._specs)
+        self._processes: dict[int, MetricBuffer] = {}
+        self._resourcer: ProcessResourcer | None = None
+
+    def enabled(self, name: str) -> bool:
+        """True when metric ``name`` is in the catalogue and not disabled by configuration."""
+        return name in self._specs and name not in self._disabled
+
+    def set_process_resourcer(self, resourcer: ProcessResourcer | None) -> None:
+        """Use ``resourcer`` for per-process resources from the next ``produce`` on (None: pid only)."""
+        with self._lock:
+            self._resourcer = resourcer
+
+    def record_host(self, fn: Callable[[MetricBuffer], T]) -> T:
+        """Run ``fn(host_buffer)`` under the lock and return its result."""
+        with self._lock:
+            return fn(self._host)
+
+    def record_process(self, pid: int, fn: Callable[[MetricBuffer], T]) -> T:
+        """Run ``fn(buffer_of_pid)`` under the lock and return its result.
+
+        Raises:
+            ValueError: ``pid`` is not a positive int.
+        """
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise ValueError(f"pid: must be a positive int, got {pid!r}")
+        with self._lock:
+            buf = self._processes.get(pid)
+            if buf is None:
+                buf = self._processes[pid] = MetricBuffer(self._specs)
+            return fn(buf)
+
+    def _drain(self) -> tuple[MetricBuffer, dict[int, MetricBuffer], ProcessResourcer | None]:
+        with self._lock:
+            host, procs = self._host, self._processes
+            self._host, self._processes = MetricBuffer(self._specs), {}
+            return host, procs, self._resourcer
+
+    def _encode_buffer(self, target: Any, buf: MetricBuffer) -> int:
+        n = 0
+        for spec, points in buf.items():
+            if spec.name not in self._disabled:
+                n += encode_metric(target.add(), spec, points)
+        return n
+
+    def _new_scope_metrics(self, rm: metrics_pb2.ResourceMetrics, scope: Scope) -> Any:
+        sm = rm.scope_metrics.add()
+        sm.scope.name = scope.name
+        if scope.schema_url:
+            sm.schema_url = scope.schema_url
+        return sm
+
+    def produce(self, host_metrics: Any, resources: Any) -> int:
+        """Drain everything recorded since the last call into OTLP.
+
+        Args:
+            host_metrics: the repeated ``Metric`` field of the host resource's GPU-metrics
+                ``ScopeMetrics``; one ``Metric`` per name is appended.
+            resources: a repeated ``ResourceMetrics`` field; one entry is appended per process
+                with points (resource from the resourcer, or only ``process.pid`` without one).
+
+        Returns:
+            The number of data points written.
+        """
+        host, procs, resourcer = self._drain()
+        n = self._encode_buffer(host_metrics, host)
+        for pid in sorted(procs):
+            buf = procs[pid]
+            attrs: dict[str, Any] = {names.AttrProcessPID: pid}
+            if resourcer is not None and not resourcer.put_resource(pid, attrs):
+                self._telemetry.add("gpumetrics.processes.dropped_by_relabel")
+                continue
+            attrs[names.AttrProcessPID] = pid  # always the int pid, whatever the resourcer did
+            rm = resources.add()
+            encode_attributes(rm.resource.attributes, attrs.items())
+            sm = self._new_scope_metrics(rm, self._scope)
+            written = self._encode_buffer(sm.metrics, buf)
+            if not written:
+                del resources[-1]
+            n += written
+        return n
+
+    def collect(self) -> metrics_service_pb2.ExportMetricsServiceRequest:
+        """Produce one complete ``ExportMetricsServiceRequest``.
+
+        The host resource (``host_attributes``) carries the GPU metrics scope and, when
+        configured, the ``gpumetrics.self`` scope; then one resource per process. The host
+        resource is left out when it has nothing to carry.
+        """
+        req = metrics_service_pb2.ExportMetricsServiceRequest()
+        host_rm = req.resource_metrics.add()
+        encode_attributes(host_rm.resource.attributes, self._host_attributes.items())
+        sm = self._new_scope_metrics(host_rm, self._scope)
+        proc_req = metrics_service_pb2.ExportMetricsServiceRequest()
+        self.produce(sm.metrics, proc_req.resource_metrics)
+        if not sm.metrics:
+            del host_rm.scope_metrics[-1]
+        if self._self_telemetry is not None:
+            self_sm = self._new_scope_metrics(host_rm, self._self_scope)
+            if not self._self_telemetry.render(self_sm.metrics):
+                del host_rm.scope_metrics[-1]
+        if not host_rm.scope_metrics:
+            del req.resource_metrics[-1]
+        req.resource_metrics.extend(proc_req.resource_metrics)
+        return req

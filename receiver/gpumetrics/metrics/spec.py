@@ -1,0 +1,158 @@
+"""Metric specifications loaded from ``catalogue.yaml``, the single source of truth.
+
+A :class:`MetricSpec` fixes everything about a metric that is not a data point: name, OTLP shape
+(Gauge, or cumulative Sum with its monotonicity), UCUM unit, value type, attribute keys (with enum
+values where closed) and where the value comes from in NVML. Instrument mapping follows the
+semantic conventions' rule (``shared/reference/semconv-and-otlp.md`` §2.3): Gauge → ``Metric.gauge``;
+UpDownCounter → cumulative non-monotonic ``Metric.sum``; Counter → cumulative monotonic ``Metric.sum``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+
+class Instrument(enum.Enum):
+    """Semantic-conventions instrument kinds and their OTLP encoding."""
+
+    GAUGE = "gauge"
+    UPDOWNCOUNTER = "updowncounter"
+    COUNTER = "counter"
+
+    @property
+    def is_sum(self) -> bool:
+        """True when encoded as an OTLP cumulative ``Sum`` (counters), False for ``Gauge``."""
+        return self is not Instrument.GAUGE
+
+    @property
+    def is_monotonic(self) -> bool:
+        """True only for Counter (monotonic Sum)."""
+        return self is Instrument.COUNTER
+
+
+class ValueType(enum.Enum):
+    """OTLP ``NumberDataPoint`` value: ``as_double`` or ``as_int``."""
+
+    DOUBLE = "double"
+    INT = "int"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """Everything about one metric except its data points.
+
+    Attributes:
+        name: OTLP metric name, e.g. ``hw.gpu.utilization``.
+        description: one-line description written into ``Metric.description``.
+        unit: UCUM unit written into ``Metric.unit`` (``1`` for ratios, ``By``, ``W``, ``J``, ``Hz``,
+            ``Cel``, ``By/s``, ``{error}``).
+        instrument: Gauge, UpDownCounter or Counter.
+        value_type: double or int.
+        attributes: attribute keys beyond the GPU's identity attributes, each mapped to its closed
+            set of enum values (empty tuple = any value).
+        ratio: values must lie in [0, 1].
+        resource: ``host`` (device metrics) or ``process`` (per-process metrics); ``self`` for the
+            sidecar's own telemetry.
+        enabled: emitted by default.
+        nvml: the NVML call(s) behind the value.
+        nvidia_smi: the matching ``nvidia-smi --query-gpu`` field, or ``""``.
+        constant: the seed's Python constant name, or ``""``.
+    """
+
+    name: str
+    description: str
+    unit: str
+    instrument: Instrument
+    value_type: ValueType
+    attributes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    ratio: bool = False
+    resource: str = "host"
+    enabled: bool = True
+    nvml: str = ""
+    nvidia_smi: str = ""
+    constant: str = ""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """An OTLP instrumentation scope: name and the schema URL its metrics follow (may be empty)."""
+
+    name: str
+    schema_url: str = ""
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """The parsed ``catalogue.yaml``: GPU metric specs under ``scope``, self-telemetry under ``self_scope``."""
+
+    scope: Scope
+    metrics: Mapping[str, MetricSpec]
+    self_scope: Scope
+    self_metrics: Mapping[str, MetricSpec]
+
+
+def _spec(raw: Mapping[str, Any], where: str, default_resource: str) -> MetricSpec:
+    try:
+        attrs_raw = raw.get("attributes") or {}
+        if isinstance(attrs_raw, list):
+            attrs = {str(k): () for k in attrs_raw}
+        else:
+            attrs = {str(k): tuple(str(v) for v in (vals or ())) for k, vals in attrs_raw.items()}
+        return MetricSpec(
+            name=str(raw["name"]),
+            description=str(raw["description"]),
+            unit=str(raw["unit"]),
+            instrument=Instrument(raw["instrument"]),
+            value_type=ValueType(raw["value_type"]),
+            attributes=attrs,
+            ratio=bool(raw.get("ratio", False)),
+            resource=str(raw.get("resource", default_resource)),
+            enabled=bool(raw.get("enabled", True)),
+            nvml=str(raw.get("nvml", "")),
+            nvidia_smi=str(raw.get("nvidia_smi", "")),
+            constant=str(raw.get("constant", "")),
+        )
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{where}: invalid metric spec: {exc!r}") from None
+
+
+def parse_catalogue(text: str) -> Catalogue:
+    """Parse catalogue YAML text.
+
+    Raises:
+        ValueError: naming the entry (``metrics[3]: ...``) when an entry is malformed or a name
+            appears twice.
+    """
+    doc = yaml.safe_load(text)
+    metrics: dict[str, MetricSpec] = {}
+    for i, raw in enumerate(doc["metrics"]):
+        spec = _spec(raw, f"metrics[{i}]", "host")
+        if spec.name in metrics:
+            raise ValueError(f"metrics[{i}].name: duplicate metric {spec.name!r}")
+        metrics[spec.name] = spec
+    self_metrics: dict[str, MetricSpec] = {}
+    for i, raw in enumerate(doc.get("self_metrics") or ()):
+        spec = _spec(raw, f"self_metrics[{i}]", "self")
+        if spec.name in self_metrics or spec.name in metrics:
+            raise ValueError(f"self_metrics[{i}].name: duplicate metric {spec.name!r}")
+        self_metrics[spec.name] = spec
+    return Catalogue(
+        scope=Scope(**doc["scope"]),
+        metrics=metrics,
+        self_scope=Scope(**doc["self_scope"]),
+        self_metrics=self_metrics,
+    )
+
+
+@cache
+def catalogue() -> Catalogue:
+    """The catalogue shipped with the package (parsed once)."""
+    text = resources.files("gpumetrics.metrics").joinpath("catalogue.yaml").read_text("utf-8")
+    return parse_catalogue(text)

@@ -1,0 +1,91 @@
+"""The catalogue is the single source of truth: constants, semconv shapes and docs must match it."""
+
+from pathlib import Path
+
+import pytest
+
+from gpumetrics.metrics import names
+from gpumetrics.metrics.docs import render_metrics_doc
+from gpumetrics.metrics.spec import Instrument, ValueType, catalogue, parse_catalogue
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Semantic conventions v1.44.0 (shared/reference/semconv-and-otlp.md §1.2-1.3): name -> (instrument, unit, value type)
+SEMCONV = {
+    "hw.gpu.utilization": (Instrument.GAUGE, "1", ValueType.DOUBLE),
+    "hw.gpu.memory.usage": (Instrument.UPDOWNCOUNTER, "By", ValueType.INT),
+    "hw.gpu.memory.limit": (Instrument.UPDOWNCOUNTER, "By", ValueType.INT),
+    "hw.gpu.memory.utilization": (Instrument.GAUGE, "1", ValueType.DOUBLE),
+    "hw.power": (Instrument.GAUGE, "W", ValueType.DOUBLE),
+    "hw.energy": (Instrument.COUNTER, "J", ValueType.DOUBLE),
+    "hw.temperature": (Instrument.GAUGE, "Cel", ValueType.DOUBLE),
+    "hw.status": (Instrument.UPDOWNCOUNTER, "1", ValueType.INT),
+    "hw.errors": (Instrument.COUNTER, "{error}", ValueType.INT),
+}
+
+
+def test_every_catalogue_metric_has_its_seed_constant():
+    for spec in catalogue().metrics.values():
+        assert spec.constant, f"{spec.name} has no constant"
+        assert getattr(names, spec.constant) == spec.name
+
+
+def test_every_metric_constant_is_in_the_catalogue():
+    consts = {k: v for k, v in vars(names).items() if k.startswith("Metric")}
+    assert set(consts.values()) == set(catalogue().metrics)
+
+
+@pytest.mark.parametrize("name", sorted(SEMCONV))
+def test_hw_metrics_follow_semantic_conventions(name):
+    spec = catalogue().metrics[name]
+    assert (spec.instrument, spec.unit, spec.value_type) == SEMCONV[name]
+
+
+def test_only_semconv_names_use_the_hw_namespace():
+    for name in catalogue().metrics:
+        assert name in SEMCONV or name.startswith("nvidia."), name
+
+
+def test_hw_type_on_exactly_the_metrics_that_require_it():
+    # hw.type is required on hw.power/energy/errors/status and absent from hw.gpu.* (§1.2 pitfall)
+    with_type = {n for n, s in catalogue().metrics.items() if "hw.type" in s.attributes}
+    assert with_type == {"hw.power", "hw.energy", "hw.errors", "hw.status"}
+
+
+def test_scope_is_the_seeds():
+    assert catalogue().scope.name == names.ScopeName == "parca.nvidia_gpu_metrics"
+    assert catalogue().scope.schema_url == names.SchemaURL
+
+
+def test_ratio_metrics_have_unit_one():
+    for spec in catalogue().metrics.values():
+        if spec.ratio:
+            assert spec.unit == "1" and spec.instrument is Instrument.GAUGE
+
+
+def test_docs_metrics_md_is_generated_from_the_catalogue():
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    assert doc == render_metrics_doc(catalogue()), "run: python -m gpumetrics.metrics.docs > docs/metrics.md"
+
+
+def test_duplicate_names_are_rejected_naming_the_entry():
+    text = """
+scope: {name: s}
+self_scope: {name: t}
+metrics:
+  - {name: a, description: d, unit: "1", instrument: gauge, value_type: double}
+  - {name: a, description: d, unit: "1", instrument: gauge, value_type: double}
+"""
+    with pytest.raises(ValueError, match=r"metrics\[1\]\.name: duplicate"):
+        parse_catalogue(text)
+
+
+def test_bad_instrument_is_rejected_naming_the_entry():
+    text = """
+scope: {name: s}
+self_scope: {name: t}
+metrics:
+  - {name: a, description: d, unit: "1", instrument: histogram, value_type: double}
+"""
+    with pytest.raises(ValueError, match=r"metrics\[0\]"):
+        parse_catalogue(text)

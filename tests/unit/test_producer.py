@@ -1,0 +1,127 @@
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+
+from gpumetrics.metrics import GPU, Producer, count_points, names
+from gpumetrics.selftelemetry import Telemetry
+
+T = 1_700_000_000_000_000_000
+GPU0 = GPU(uuid="GPU-0", index=0, name="gpu0", model="NVIDIA H100")
+GPU1 = GPU(uuid="GPU-1", index=1, name="gpu1", model="NVIDIA H100")
+
+
+def attrs_of(resource):
+    out = {}
+    for kv in resource.attributes:
+        out[kv.key] = getattr(kv.value, kv.value.WhichOneof("value"))
+    return out
+
+
+def record_power(p, gpu, watts, t=T):
+    p.record_host(lambda b: b.add(names.MetricPower, watts, t, gpu.attributes() + (("hw.type", "gpu"),)))
+
+
+def test_one_metric_per_name_per_scope_with_a_point_per_device():
+    p = Producer(host_attributes={"host.name": "node-1"})
+    record_power(p, GPU0, 300.0)
+    record_power(p, GPU1, 310.0)
+    record_power(p, GPU0, 305.0, T + 1)
+    req = p.collect()
+    assert len(req.resource_metrics) == 1
+    metrics = req.resource_metrics[0].scope_metrics[0].metrics
+    assert [m.name for m in metrics] == ["hw.power"]
+    assert [dp.as_double for dp in metrics[0].gauge.data_points] == [300.0, 310.0, 305.0]
+    assert attrs_of(req.resource_metrics[0].resource) == {"host.name": "node-1"}
+    assert req.resource_metrics[0].scope_metrics[0].scope.name == names.ScopeName
+
+
+def test_produce_drains_so_a_second_collect_is_empty():
+    p = Producer()
+    record_power(p, GPU0, 300.0)
+    assert count_points(p.collect()) == 1
+    assert p.collect() == metrics_service_pb2.ExportMetricsServiceRequest()
+
+
+def test_process_without_resourcer_gets_only_int_pid_resource():
+    p = Producer()
+    p.record_process(4242, lambda b: b.add(names.MetricProcessMemoryUsage, 8 << 30, T, GPU0.id_attributes(), T - 1))
+    req = p.collect()
+    assert len(req.resource_metrics) == 1
+    rm = req.resource_metrics[0]
+    assert attrs_of(rm.resource) == {"process.pid": 4242}
+    assert rm.resource.attributes[0].value.WhichOneof("value") == "int_value"
+    dp = rm.scope_metrics[0].metrics[0].sum.data_points[0]
+    assert [kv.key for kv in dp.attributes] == ["hw.id"]
+
+
+def test_process_that_stopped_using_the_gpu_gets_no_resource_next_time():
+    p = Producer()
+    p.record_process(1, lambda b: b.add(names.MetricProcessUtilization, 0.5, T, GPU0.id_attributes()))
+    p.record_process(2, lambda b: b.add(names.MetricProcessUtilization, 0.25, T, GPU0.id_attributes()))
+    assert len(p.collect().resource_metrics) == 2
+    p.record_process(2, lambda b: b.add(names.MetricProcessUtilization, 0.5, T + 1, GPU0.id_attributes()))
+    req = p.collect()
+    assert [attrs_of(rm.resource)["process.pid"] for rm in req.resource_metrics] == [2]
+
+
+class Resourcer:
+    def __init__(self, drop=()):
+        self.drop = set(drop)
+        self.calls = []
+
+    def put_resource(self, pid, attrs):
+        self.calls.append(pid)
+        if pid in self.drop:
+            return False
+        attrs["service.name"] = f"svc-{pid}"
+        attrs["process.pid"] = str(pid)  # a misbehaving resourcer cannot turn pid into a string
+        return True
+
+
+def test_resourcer_fills_resources_and_can_drop_processes():
+    tel = Telemetry()
+    p = Producer(telemetry=tel)
+    r = Resourcer(drop={2})
+    p.set_process_resourcer(r)
+    for pid in (1, 2):
+        p.record_process(pid, lambda b: b.add(names.MetricProcessUtilization, 0.5, T, GPU0.id_attributes()))
+    req = p.collect()
+    assert sorted(r.calls) == [1, 2]
+    assert [attrs_of(rm.resource) for rm in req.resource_metrics] == [{"process.pid": 1, "service.name": "svc-1"}]
+    assert tel.value("gpumetrics.processes.dropped_by_relabel") == 1
+
+
+def test_disabled_metrics_are_not_emitted():
+    p = Producer(disabled_metrics=[names.MetricPower])
+    assert not p.enabled(names.MetricPower) and p.enabled(names.MetricTemperature)
+    record_power(p, GPU0, 300.0)
+    p.record_host(lambda b: b.add(names.MetricTemperature, 40.0, T, GPU0.attributes()))
+    req = p.collect()
+    assert [m.name for m in req.resource_metrics[0].scope_metrics[0].metrics] == ["hw.temperature"]
+
+
+def test_unknown_disabled_metric_is_a_configuration_error():
+    import pytest
+
+    with pytest.raises(ValueError, match="disabled_metrics"):
+        Producer(disabled_metrics=["hw.bogus"])
+
+
+def test_self_telemetry_goes_under_its_own_scope_on_the_host_resource():
+    tel = Telemetry(clock_ns=lambda: T)
+    tel.add("gpumetrics.nvml.errors", 2, {"nvml.function": "nvmlDeviceGetPowerUsage", "nvml.return_code": "NOT_SUPPORTED"})
+    p = Producer(self_telemetry=tel)
+    record_power(p, GPU0, 300.0)
+    req = p.collect()
+    scopes = [sm.scope.name for sm in req.resource_metrics[0].scope_metrics]
+    assert scopes == [names.ScopeName, names.SelfScopeName]
+    m = req.resource_metrics[0].scope_metrics[1].metrics[0]
+    assert m.name == "gpumetrics.nvml.errors" and m.sum.is_monotonic
+    assert m.sum.data_points[0].as_int == 2
+
+
+def test_pid_must_be_positive():
+    import pytest
+
+    p = Producer()
+    for bad in (0, -1, True, "12"):
+        with pytest.raises(ValueError, match="pid"):
+            p.record_process(bad, lambda b: None)
