@@ -1,0 +1,369 @@
+"""The :class:`BatchStore`: bounded, sequenced batches of serialized OTLP metrics.
+
+Each batch is one serialized ``ExportMetricsServiceRequest``, stored once as bytes. Because a
+protobuf message's serialization is the concatenation of its fields, concatenating serialized
+``ExportMetricsServiceRequest`` messages gives a valid serialized request whose
+``resource_metrics`` are the concatenation of theirs, so a pull answer is built with
+``b"".join`` and never re-parsed.
+
+Delivery is at-least-once (``docs/protocol.md``): every named consumer has its own cursor, which
+is its acknowledged sequence; a pull returns the batches after that cursor, so what was sent but
+not acknowledged is sent again. A batch is released only when every registered consumer has
+acknowledged it. When a limit (:class:`~gpumetrics.store.StoreLimits`) forces the oldest batches
+out, each consumer that had not acknowledged them is charged their points, which its next pull
+reports. Accounting is exact and exposed through :meth:`BatchStore.stats`:
+
+* store: ``appended_points == released_points + sum(dropped_points.values()) + held_points``;
+* each consumer: ``offered_points == acked_points + dropped_points_total + unacked_held_points``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from gpumetrics.metrics.encode import count_points
+from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
+from gpumetrics.store.limits import StoreLimits
+from gpumetrics.store.results import (
+    CONSUMER_NAME_RE,
+    DEFAULT_CONSUMER,
+    DROP_REASONS,
+    ConsumerStats,
+    PullResult,
+    StoreStats,
+    TooManyConsumersError,
+)
+
+
+class _Batch:
+    __slots__ = ("seq", "data", "points", "t")
+
+    def __init__(self, seq: int, data: bytes, points: int, t: float) -> None:
+        self.seq, self.data, self.points, self.t = seq, data, points, t
+
+
+class _Consumer:
+    __slots__ = (
+        "name",
+        "base",
+        "acked",
+        "delivered",
+        "acked_points",
+        "dropped_total",
+        "pending_dropped",
+        "pending_reasons",
+        "last_seen",
+        "points_before_base",
+    )
+
+    def __init__(self, name: str, base: int, now: float, points_before_base: int) -> None:
+        self.name = name
+        self.base = self.acked = self.delivered = base
+        self.acked_points = self.dropped_total = self.pending_dropped = 0
+        self.pending_reasons: dict[str, None] = {}
+        self.last_seen = now
+        self.points_before_base = points_before_base
+
+
+def validate_consumer(name: str) -> str:
+    """Return the consumer name to use: ``name``, or :data:`DEFAULT_CONSUMER` for ``""``.
+
+    Raises:
+        ValueError: ``consumer: ...`` when ``name`` is not 1–128 bytes of ``[A-Za-z0-9._:/-]``.
+
+    """
+    if name == "":
+        return DEFAULT_CONSUMER
+    if not isinstance(name, str) or CONSUMER_NAME_RE.fullmatch(name) is None:
+        shown = name[:40] + "…" if isinstance(name, str) and len(name) > 40 else name
+        raise ValueError(
+            f"consumer: must be 1 to 128 characters of [A-Za-z0-9._:/-], got {shown!r}"
+        )
+    return name
+
+
+class BatchStore:
+    """Bounded, sequenced batches with per-consumer cursors (see the module docstring).
+
+    Args:
+        limits: bounds (default :class:`StoreLimits` defaults).
+        telemetry: receives gauges ``gpumetrics.store.batches`` / ``.bytes`` / ``.points`` /
+            ``.consumers`` and the counter ``gpumetrics.store.points.dropped{reason}``.
+        clock: monotonic seconds (injectable for tests); ages and consumer TTLs use it.
+        epoch: this store life's id (default: 16 random hex digits).
+
+    Thread-safe: one lock guards everything; a pull costs O(batches returned + consumers),
+    an acknowledgement O(batches acknowledged).
+
+    """
+
+    def __init__(
+        self,
+        limits: StoreLimits | None = None,
+        telemetry: SelfTelemetry = NO_TELEMETRY,
+        clock: Callable[[], float] = time.monotonic,
+        epoch: str | None = None,
+    ) -> None:
+        self.limits = limits or StoreLimits()
+        self.epoch = epoch if epoch is not None else secrets.token_hex(8)
+        self._telemetry = telemetry
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._batches: deque[_Batch] = deque()
+        self._consumers: dict[str, _Consumer] = {}
+        self._last_seq = 0
+        self._held_points = self._held_bytes = 0
+        self._appended = [0, 0, 0]  # batches, points, bytes
+        self._released = [0, 0]  # batches, points
+        self._dropped_batches = 0
+        self._dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
+        self._forgotten = 0
+        self._acked_hw = 0  # highest sequence any consumer has acknowledged (not via a drop)
+
+    @property
+    def last_sequence(self) -> int:
+        """Sequence of the newest batch appended (0 before the first append)."""
+        with self._lock:
+            return self._last_seq
+
+    def append(self, request: Any) -> int:
+        """Append one ``ExportMetricsServiceRequest``; return its sequence (1, 2, 3… per epoch).
+
+        The limits are applied right after: the new batch itself is dropped (and counted) when
+        it alone exceeds ``max_bytes`` or ``max_data_points``.
+        """
+        return self.append_serialized(request.SerializeToString(), count_points(request))
+
+    def append_serialized(self, data: bytes, points: int) -> int:
+        """Append a serialized ``ExportMetricsServiceRequest`` holding ``points`` data points.
+
+        Raises:
+            ValueError: ``points`` is negative or ``data`` is not bytes.
+
+        """
+        if not isinstance(data, bytes):
+            raise ValueError(f"data: must be bytes, got {type(data).__name__}")
+        if isinstance(points, bool) or not isinstance(points, int) or points < 0:
+            raise ValueError(f"points: must be an int >= 0, got {points!r}")
+        with self._lock:
+            now = self._clock()
+            self._last_seq += 1
+            self._batches.append(_Batch(self._last_seq, data, points, now))
+            self._held_points += points
+            self._held_bytes += len(data)
+            self._appended[0] += 1
+            self._appended[1] += points
+            self._appended[2] += len(data)
+            self._expire_consumers(now)
+            self._enforce_limits(now)
+            self._publish()
+            return self._last_seq
+
+    def expire(self) -> None:
+        """Apply the age limit and the consumer TTL now (appends and pulls also do it)."""
+        with self._lock:
+            now = self._clock()
+            self._expire_consumers(now)
+            self._enforce_limits(now)
+            self._publish()
+
+    def pull(
+        self,
+        consumer: str,
+        ack_sequence: int = 0,
+        ack_epoch: str = "",
+        max_points: int = 0,
+        max_bytes: int = 0,
+        ack_only: bool = False,
+    ) -> PullResult:
+        """Acknowledge, then return the batches after the consumer's cursor.
+
+        Args:
+            consumer: consumer name (``""`` = :data:`DEFAULT_CONSUMER`); registered on its first
+                pull with its cursor just before the oldest batch held.
+            ack_sequence: everything up to here has been durably taken; applied only when
+                ``ack_epoch`` equals :attr:`epoch`, never moves the cursor back, and is clamped
+                to the highest sequence sent to this consumer (nothing unseen is released).
+            ack_epoch: the epoch ``ack_sequence`` belongs to.
+            max_points: cap on the data points in the answer (0 = none).
+            max_bytes: cap on the answer's serialized size (0 = none). The first batch is
+                returned even when it alone exceeds a cap.
+            ack_only: apply the acknowledgement and report drops, but return no data.
+
+        Raises:
+            ValueError: naming ``consumer``, ``ack_sequence``, ``max_points`` or ``max_bytes``.
+            TooManyConsumersError: a new consumer while ``max_consumers`` are registered.
+
+        """
+        name = validate_consumer(consumer)
+        for field, value in (
+            ("ack_sequence", ack_sequence),
+            ("max_points", max_points),
+            ("max_bytes", max_bytes),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{field}: must be an int >= 0, got {value!r}")
+        with self._lock:
+            now = self._clock()
+            c = self._consumers.get(name)
+            if c is not None:
+                c.last_seen = now  # seen now: never forgotten by its own pull
+            self._expire_consumers(now)
+            self._enforce_limits(now)
+            if c is None:
+                c = self._register(name, now)
+            if ack_epoch == self.epoch and ack_sequence > c.acked:
+                self._ack(c, min(ack_sequence, c.delivered))
+                self._release()
+            dropped, reasons = c.pending_dropped, tuple(c.pending_reasons)
+            c.pending_dropped = 0
+            c.pending_reasons = {}
+            parts: list[bytes] = []
+            first = last = points = size = 0
+            start = c.acked + 1 - self._batches[0].seq if self._batches else 0
+            if not ack_only:
+                for i in range(start, len(self._batches)):
+                    b = self._batches[i]
+                    if parts and (
+                        (max_points and points + b.points > max_points)
+                        or (max_bytes and size + len(b.data) > max_bytes)
+                    ):
+                        break
+                    parts.append(b.data)
+                    first = first or b.seq
+                    last, points, size = b.seq, points + b.points, size + len(b.data)
+                c.delivered = max(c.delivered, last)
+            tail = last or c.acked
+            more = bool(self._batches) and self._batches[-1].seq > tail
+            self._publish()
+            total = c.dropped_total
+        return PullResult(
+            data=b"".join(parts),
+            epoch=self.epoch,
+            first_sequence=first,
+            last_sequence=last,
+            more=more,
+            data_points=points,
+            dropped_data_points=dropped,
+            dropped_data_points_total=total,
+            drop_reasons=reasons,
+        )
+
+    def stats(self) -> StoreStats:
+        """Return a consistent snapshot of every counter (O(batches × consumers); tests, logs)."""
+        with self._lock:
+            now = self._clock()
+            consumers = tuple(
+                ConsumerStats(
+                    name=c.name,
+                    base_sequence=c.base,
+                    acked_sequence=c.acked,
+                    delivered_sequence=c.delivered,
+                    offered_points=self._appended[1] - c.points_before_base,
+                    acked_points=c.acked_points,
+                    dropped_points_total=c.dropped_total,
+                    unacked_held_points=sum(b.points for b in self._batches if b.seq > c.acked),
+                    idle_s=now - c.last_seen,
+                )
+                for c in self._consumers.values()
+            )
+            return StoreStats(
+                epoch=self.epoch,
+                last_sequence=self._last_seq,
+                appended_batches=self._appended[0],
+                appended_points=self._appended[1],
+                appended_bytes=self._appended[2],
+                released_batches=self._released[0],
+                released_points=self._released[1],
+                dropped_batches=self._dropped_batches,
+                dropped_points=dict(self._dropped),
+                held_batches=len(self._batches),
+                held_points=self._held_points,
+                held_bytes=self._held_bytes,
+                consumers=consumers,
+                forgotten_consumers=self._forgotten,
+            )
+
+    # -- internals; every method below runs under self._lock ----------------------------------
+
+    def _register(self, name: str, now: float) -> _Consumer:
+        if len(self._consumers) >= self.limits.max_consumers:
+            raise TooManyConsumersError(
+                f"consumer: {name!r} would be consumer number {len(self._consumers) + 1}; "
+                f"at most {self.limits.max_consumers} (store.max_consumers) are kept, and "
+                f"idle ones are forgotten after {self.limits.consumer_ttl_s:g} s"
+            )
+        base = self._batches[0].seq - 1 if self._batches else self._last_seq
+        c = _Consumer(name, base, now, self._appended[1] - self._held_points)
+        self._consumers[name] = c
+        return c
+
+    def _ack(self, c: _Consumer, upto: int) -> None:
+        if upto <= c.acked:
+            return
+        if self._batches:
+            first = self._batches[0].seq
+            for i in range(max(c.acked + 1, first) - first, min(upto, self._last_seq) - first + 1):
+                c.acked_points += self._batches[i].points
+        c.acked = upto
+        self._acked_hw = max(self._acked_hw, upto)
+
+    def _release(self) -> None:
+        # Released: acknowledged by every registered consumer; with none registered (all
+        # forgotten), acknowledged by one that was. Never what nobody acknowledged.
+        if self._consumers:
+            floor = min(c.acked for c in self._consumers.values())
+        else:
+            floor = self._acked_hw
+        while self._batches and self._batches[0].seq <= floor:
+            b = self._batches.popleft()
+            self._held_points -= b.points
+            self._held_bytes -= len(b.data)
+            self._released[0] += 1
+            self._released[1] += b.points
+
+    def _expire_consumers(self, now: float) -> None:
+        ttl = self.limits.consumer_ttl_s
+        stale = [n for n, c in self._consumers.items() if now - c.last_seen > ttl]
+        for n in stale:
+            del self._consumers[n]
+        if stale:
+            self._forgotten += len(stale)
+            self._release()
+
+    def _enforce_limits(self, now: float) -> None:
+        lim = self.limits
+        while self._batches and now - self._batches[0].t > lim.max_age_s:
+            self._drop("max_age")
+        while self._batches and self._held_points > lim.max_data_points:
+            self._drop("max_data_points")
+        while self._batches and self._held_bytes > lim.max_bytes:
+            self._drop("max_bytes")
+
+    def _drop(self, reason: str) -> None:
+        b = self._batches.popleft()
+        self._held_points -= b.points
+        self._held_bytes -= len(b.data)
+        self._dropped_batches += 1
+        self._dropped[reason] += b.points
+        for c in self._consumers.values():
+            if c.acked < b.seq:
+                c.dropped_total += b.points
+                c.pending_dropped += b.points
+                c.pending_reasons[reason] = None
+                c.acked = b.seq
+                c.delivered = max(c.delivered, b.seq)
+        if b.points:
+            self._telemetry.add("gpumetrics.store.points.dropped", b.points, {"reason": reason})
+
+    def _publish(self) -> None:
+        t = self._telemetry
+        t.set("gpumetrics.store.batches", len(self._batches))
+        t.set("gpumetrics.store.bytes", self._held_bytes)
+        t.set("gpumetrics.store.points", self._held_points)
+        t.set("gpumetrics.store.consumers", len(self._consumers))

@@ -1,0 +1,213 @@
+"""Property-based check of the store against a naive reference model of the pull protocol.
+
+The model keeps every batch ever appended with its fate (held, released, dropped) and applies
+the rules of docs/protocol.md literally, in O(n) per step; every PullResult field and every
+accounting counter of the real store must match it after any sequence of operations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpumetrics.metrics import count_points
+from gpumetrics.store import BatchStore, StoreLimits, TooManyConsumersError
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+
+from .conftest import Clock, build_request
+
+LIMITS = StoreLimits(
+    max_bytes=900, max_data_points=40, max_age_s=50, consumer_ttl_s=30, max_consumers=2
+)
+NAMES = ("a", "b", "c")
+
+
+@dataclass
+class MBatch:
+    seq: int
+    points: int
+    size: int
+    t: float
+    state: str = "held"
+
+
+@dataclass
+class MConsumer:
+    acked: int
+    delivered: int
+    last_seen: float
+    dropped_total: int = 0
+    pending: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+
+class StoreModel(RuleBasedStateMachine):
+    @initialize()
+    def setup(self) -> None:
+        self.clock = Clock()
+        self.store = BatchStore(LIMITS, clock=self.clock, epoch="E")
+        self.batches: list[MBatch] = []
+        self.consumers: dict[str, MConsumer] = {}
+        self.acked_hw = 0
+
+    # -- the reference model ------------------------------------------------------------------
+    def held(self) -> list[MBatch]:
+        return [b for b in self.batches if b.state == "held"]
+
+    def m_release(self) -> None:
+        floor = min(c.acked for c in self.consumers.values()) if self.consumers else self.acked_hw
+        for b in self.held():
+            if b.seq <= floor:
+                b.state = "released"
+
+    def m_expire(self, now: float, keep: str | None = None) -> None:
+        for name in [
+            n
+            for n, c in self.consumers.items()
+            if now - c.last_seen > LIMITS.consumer_ttl_s and n != keep
+        ]:
+            del self.consumers[name]
+            self.m_release()
+        for reason, over in (
+            ("max_age", lambda: bool(self.held()) and now - self.held()[0].t > LIMITS.max_age_s),
+            (
+                "max_data_points",
+                lambda: sum(b.points for b in self.held()) > LIMITS.max_data_points,
+            ),
+            ("max_bytes", lambda: sum(b.size for b in self.held()) > LIMITS.max_bytes),
+        ):
+            while self.held() and over():
+                b = self.held()[0]
+                b.state = "dropped"
+                for c in self.consumers.values():
+                    if c.acked < b.seq:
+                        c.dropped_total += b.points
+                        c.pending += b.points
+                        if reason not in c.reasons:
+                            c.reasons.append(reason)
+                        c.acked = b.seq
+                        c.delivered = max(c.delivered, b.seq)
+
+    # -- rules ----------------------------------------------------------------------------------
+    @rule(points=st.integers(0, 25))
+    def append(self, points: int) -> None:
+        seq = len(self.batches) + 1
+        req = build_request(points, f"s{seq}")
+        assert self.store.append(req) == seq
+        self.batches.append(MBatch(seq, points, req.ByteSize(), self.clock.now))
+        self.m_expire(self.clock.now)
+
+    @rule(seconds=st.sampled_from([1.0, 10.0, 29.0, 31.0, 60.0]))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @rule()
+    def expire(self) -> None:
+        self.store.expire()
+        self.m_expire(self.clock.now)
+
+    @rule(
+        name=st.sampled_from(NAMES),
+        ack=st.sampled_from(["none", "delivered", "beyond", "wrong_epoch"]),
+        max_points=st.sampled_from([0, 1, 10]),
+        max_bytes=st.sampled_from([0, 50, 400]),
+        ack_only=st.booleans(),
+    )
+    def pull(self, name: str, ack: str, max_points: int, max_bytes: int, ack_only: bool) -> None:
+        now = self.clock.now
+        c = self.consumers.get(name)
+        ack_seq = {
+            "none": 0,
+            "delivered": c.delivered if c else 0,
+            "beyond": len(self.batches) + 5,
+            "wrong_epoch": c.delivered if c else 3,
+        }[ack]
+        epoch = "other" if ack == "wrong_epoch" else "E"
+        if c is not None:
+            c.last_seen = now
+        self.m_expire(now, keep=name)
+        c = self.consumers.get(name)
+        if c is None and len(self.consumers) >= LIMITS.max_consumers:
+            before = self.store.stats()
+            try:
+                self.store.pull(name, ack_seq, epoch, max_points, max_bytes, ack_only)
+            except TooManyConsumersError:
+                assert self.store.stats().consumers == before.consumers
+                return
+            raise AssertionError("expected TooManyConsumersError")
+        if c is None:
+            held = self.held()
+            base = held[0].seq - 1 if held else len(self.batches)
+            c = self.consumers[name] = MConsumer(acked=base, delivered=base, last_seen=now)
+        if epoch == "E" and ack_seq > c.acked:
+            c.acked = min(ack_seq, c.delivered)
+            self.acked_hw = max(self.acked_hw, c.acked)
+            self.m_release()
+        expect_dropped, expect_reasons = c.pending, tuple(c.reasons)
+        c.pending, c.reasons = 0, []
+        chosen: list[MBatch] = []
+        if not ack_only:
+            for b in (b for b in self.held() if b.seq > c.acked):
+                pts = sum(x.points for x in chosen)
+                size = sum(x.size for x in chosen)
+                if chosen and (
+                    (max_points and pts + b.points > max_points)
+                    or (max_bytes and size + b.size > max_bytes)
+                ):
+                    break
+                chosen.append(b)
+            if chosen:
+                c.delivered = max(c.delivered, chosen[-1].seq)
+        tail = chosen[-1].seq if chosen else c.acked
+        r = self.store.pull(name, ack_seq, epoch, max_points, max_bytes, ack_only)
+        assert r.epoch == "E"
+        assert (r.first_sequence, r.last_sequence) == (
+            (chosen[0].seq, chosen[-1].seq) if chosen else (0, 0)
+        )
+        assert r.more == any(b.seq > tail for b in self.held())
+        assert (r.dropped_data_points, r.drop_reasons) == (expect_dropped, expect_reasons)
+        assert r.dropped_data_points_total == c.dropped_total
+        assert r.data_points == sum(b.points for b in chosen)
+        req = metrics_service_pb2.ExportMetricsServiceRequest()
+        req.ParseFromString(r.data)
+        assert count_points(req) == r.data_points
+        assert [rm.resource.attributes[0].value.string_value for rm in req.resource_metrics] == [
+            f"s{b.seq}" for b in chosen
+        ]
+
+    # -- invariants -----------------------------------------------------------------------------
+    @invariant()
+    def accounting_is_exact(self) -> None:
+        s = self.store.stats()
+        by_state = {
+            k: sum(b.points for b in self.batches if b.state == k)
+            for k in ("held", "released", "dropped")
+        }
+        assert s.appended_points == sum(b.points for b in self.batches)
+        assert (s.held_points, s.released_points, sum(s.dropped_points.values())) == (
+            by_state["held"],
+            by_state["released"],
+            by_state["dropped"],
+        )
+        assert (
+            s.appended_points == s.released_points + sum(s.dropped_points.values()) + s.held_points
+        )
+        assert s.held_points <= LIMITS.max_data_points and s.held_bytes <= LIMITS.max_bytes
+        assert {c.name for c in s.consumers} == set(self.consumers)
+        for cs in s.consumers:
+            assert (
+                cs.offered_points
+                == cs.acked_points + cs.dropped_points_total + cs.unacked_held_points
+            )
+            assert cs.acked_sequence == self.consumers[cs.name].acked
+
+
+StoreModel.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestStoreModel = StoreModel.TestCase
