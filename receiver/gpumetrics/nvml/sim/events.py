@@ -1,0 +1,88 @@
+"""Scenario events (GPU lost/restored, driver upgraded, access revoked, MIG changes...).
+
+Events are applied lazily: every call first applies the events whose time has come, so a
+manual clock needs no background thread. ``apply_event`` is also used by
+``SimDriver.trigger`` and ``SimDriver.request_reset``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpumetrics.nvml.sim import codes
+from gpumetrics.nvml.sim.model.scenario import Event
+from gpumetrics.nvml.sim.model.values import evaluate
+from gpumetrics.nvml.sim.world import DeviceState, Timeline
+
+if TYPE_CHECKING:
+    from gpumetrics.nvml.sim.driver import SimDriver
+
+__all__ = ["EventQueue", "apply_event"]
+
+
+class EventQueue:
+    """A scenario's events in time order; ``due(now_us)`` pops those whose time has come."""
+
+    def __init__(self, events: list[Event], timeline: Timeline) -> None:
+        timed = []
+        for seq, e in enumerate(events):
+            if e.at_cycle is not None:
+                at = timeline.cycle_start_us(e.at_cycle)
+            else:
+                at = timeline.start_us + round((e.at_s or 0.0) * 1e6)
+            timed.append((at, seq, e))
+        timed.sort(key=lambda x: (x[0], x[1]))
+        self._events = timed
+        self._next = 0
+        self.next_us = timed[0][0] if timed else None
+
+    def due(self, now_us: int) -> list[Event]:
+        """Events at or before ``now_us`` not yet returned, in order."""
+        out = []
+        while self._next < len(self._events) and self._events[self._next][0] <= now_us:
+            out.append(self._events[self._next][2])
+            self._next += 1
+        self.next_us = self._events[self._next][0] if self._next < len(self._events) else None
+        return out
+
+
+def _reset_energy(drv: SimDriver, dev: DeviceState) -> None:
+    if dev.spec.energy_mj is None:
+        return
+    now = drv.clock.now_us()
+    value = evaluate(dev.spec.energy_mj, drv.timeline.seconds(now), drv.timeline.cycle(now))
+    dev.energy_offset_mj = value
+
+
+def apply_event(drv: SimDriver, event: Event) -> None:
+    """Change the simulated system as ``event`` says (caller holds the driver lock)."""
+    world = drv.world
+    action = event.action
+    if action == "upgrade_driver":
+        drv.upgraded_code = event.code if event.code is not None else codes.UNINITIALIZED
+        return
+    if action in ("revoke_access", "restore_access"):
+        drv.revoked = action == "revoke_access"
+        return
+    assert event.device is not None  # the model requires it for the other actions
+    target = world.target(event.device)
+    dev = target if isinstance(target, DeviceState) else getattr(target, "parent", None)
+    if dev is None:
+        raise KeyError(f"device: no device {event.device!r}")
+    if action == "lose_gpu":
+        dev.lost = True
+    elif action == "restore_gpu":
+        dev.lost = False
+        world.renew_handles(dev, drv.scenario.driver.stale_handle_code)
+        _reset_energy(drv, dev)
+        if event.new_index is not None and event.new_index != dev.index:
+            world.move(dev, event.new_index)
+    elif action == "reset_energy":
+        _reset_energy(drv, dev)
+    elif action == "destroy_mig_instance":
+        assert event.slot is not None
+        world.destroy_mig(dev, event.slot, drv.scenario.driver.stale_handle_code)
+    elif action == "create_mig_instance":
+        assert event.instance is not None
+        world.destroy_mig(dev, event.instance.slot, drv.scenario.driver.stale_handle_code)
+        world.create_mig(dev, event.instance)

@@ -1,0 +1,197 @@
+"""Loading scenarios from YAML files, built-in profiles or Python data.
+
+Every problem is reported as a :class:`ScenarioError` whose message lists each offending
+field by path (``devices[1].processes[0].pid: ...``), so a broken file fails fast at load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from gpumetrics.nvml.sim.model.checks import check_scenario
+from gpumetrics.nvml.sim.model.scenario import Scenario
+
+__all__ = [
+    "ScenarioError",
+    "load_scenario",
+    "scenario_from_data",
+    "list_profiles",
+    "profile_path",
+    "scenario_json_schema",
+    "DEFAULT_PROFILE",
+]
+
+#: The profile ``gpumetrics serve --simulate`` uses without an argument.
+DEFAULT_PROFILE = "h100-8x-training"
+
+_PROFILE_PACKAGE = "gpumetrics.nvml.sim.profiles"
+# Segments pydantic inserts into error locations for union members and validators.
+_TAG = re.compile(
+    r"^(int|float|str|bool|bytes|none|constrained-.*|literal\[.*\]|function-.*|"
+    r"tagged-union\[.*\]|list\[.*\]|dict\[.*\]|lax-.*|json-or-python\[.*\]|is-instance\[.*\])$"
+)
+
+
+class ScenarioError(ValueError):
+    """A scenario could not be loaded.
+
+    Attributes:
+        source: file path or profile name (``"<data>"`` for Python data).
+        problems: ``(path, message)`` pairs; ``path`` is like ``devices[0].memory.total_bytes``
+            (empty for problems of the whole file).
+
+    """
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = [f"{p}: {m}" if p else m for p, m in problems]
+        super().__init__(f"invalid scenario {source}:\n  " + "\n  ".join(lines))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe YAML loader that rejects duplicate mapping keys instead of keeping the last."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    result: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in result:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
+            )
+        result[key] = loader.construct_object(value_node, deep=True)
+    return result
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _loc_to_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not _TAG.match(part):
+            path += f".{part}" if path else part
+    return path
+
+
+_FIELD_PREFIX = re.compile(r"^([a-z_][a-z0-9_]*): (.*)$", re.S)
+_TYPE_MISMATCH = re.compile(r"^Input should be a valid (integer|number)")
+
+
+def _validation_problems(err: ValidationError) -> list[tuple[str, str]]:
+    merged: dict[str, list[str]] = {}
+    for e in err.errors(include_url=False):
+        msg = e["msg"].removeprefix("Value error, ")
+        path = _loc_to_path(tuple(e["loc"]))
+        named = _FIELD_PREFIX.match(msg)
+        if named:  # a model validator naming one of its fields: move it into the path
+            path = f"{path}.{named.group(1)}" if path else named.group(1)
+            msg = named.group(2)
+        if msg not in merged.setdefault(path, []):
+            merged[path].append(msg)
+    # A pattern mapping that failed inside also fails as "not a number": drop that noise.
+    for path, msgs in list(merged.items()):
+        deeper = any(p.startswith(path + ".") for p in merged)
+        if deeper and all(_TYPE_MISMATCH.match(m) for m in msgs):
+            del merged[path]
+    return [(p, "; or ".join(msgs)) for p, msgs in merged.items()]
+
+
+def scenario_from_data(data: Any, source: str = "<data>") -> Scenario:
+    """Validate ``data`` (a mapping as parsed from YAML) into a :class:`Scenario`.
+
+    Raises:
+        ScenarioError: listing every offending field by path.
+
+    """
+    if not isinstance(data, Mapping):
+        raise ScenarioError(source, [("", "the top level must be a mapping")])
+    try:
+        scn = Scenario.model_validate(dict(data))
+    except ValidationError as err:
+        raise ScenarioError(source, _validation_problems(err)) from None
+    problems = check_scenario(scn)
+    if problems:
+        raise ScenarioError(source, problems)
+    return scn
+
+
+def _profile_dir() -> Any:
+    return resources.files(_PROFILE_PACKAGE)
+
+
+def list_profiles() -> list[str]:
+    """Names of the built-in profiles (YAML files shipped in ``sim/profiles/``), sorted."""
+    return sorted(
+        entry.name.removesuffix(".yaml")
+        for entry in _profile_dir().iterdir()
+        if entry.name.endswith(".yaml")
+    )
+
+
+def profile_path(name: str) -> Path:
+    """Filesystem path of built-in profile ``name``; raises ScenarioError if unknown."""
+    entry = _profile_dir() / f"{name}.yaml"
+    if not entry.is_file():
+        raise ScenarioError(
+            name,
+            [("", f"no such profile or file; built-in profiles: {', '.join(list_profiles())}")],
+        )
+    return Path(str(entry))
+
+
+def _read_yaml(path: Path, source: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ScenarioError(source, [("", f"cannot read: {err.strerror or err}")]) from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        raise ScenarioError(source, [("", f"not valid YAML: {err}")]) from None
+
+
+def load_scenario(source: str | os.PathLike[str] | Scenario) -> Scenario:
+    """Load a scenario from a YAML file path or a built-in profile name.
+
+    A string without a path separator or ``.yaml``/``.yml`` suffix that is not an existing
+    file is looked up among :func:`list_profiles`. A :class:`Scenario` is returned as is.
+
+    Raises:
+        ScenarioError: unreadable file, invalid YAML, unknown profile, or invalid content
+            (each offending field named by path).
+
+    """
+    if isinstance(source, Scenario):
+        return source
+    text = os.fspath(source)
+    path = Path(text)
+    looks_like_name = (
+        os.sep not in text and "/" not in text and path.suffix not in (".yaml", ".yml")
+    )
+    if looks_like_name and not path.is_file():
+        path = profile_path(text)
+    return scenario_from_data(_read_yaml(path, text), source=text)
+
+
+def scenario_json_schema() -> str:
+    """Return the JSON Schema (2020-12, from the pydantic model) of scenario files, as JSON."""
+    schema = Scenario.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "gpumetrics simulated NVML scenario"
+    return json.dumps(schema, indent=2, sort_keys=True)

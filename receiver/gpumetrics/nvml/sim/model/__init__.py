@@ -1,0 +1,1 @@
+"""The scenario file format: pydantic models, value patterns and cross-field checks."""

@@ -1,0 +1,1 @@
+"""Built-in scenario profiles (YAML) of the simulated NVML driver."""
