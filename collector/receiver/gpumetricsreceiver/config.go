@@ -1,0 +1,173 @@
+package gpumetricsreceiver
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/collector/config/configopaque"
+	"go.opentelemetry.io/collector/config/configtls"
+	"go.opentelemetry.io/collector/scraper/scraperhelper"
+)
+
+const (
+	defaultCollectionInterval = 10 * time.Second
+	defaultTimeout            = 10 * time.Second
+	defaultStartTimeout       = 30 * time.Second
+	defaultMaxPullsPerScrape  = 10
+	defaultMaxRecvMsgSizeMiB  = 64
+
+	maxMaxPullsPerScrape = 1000
+	maxConsumerLen       = 128
+	unixScheme           = "unix://"
+)
+
+// consumerPattern is the sidecar's rule for PullRequest.consumer (proto/gpumetrics/v1/pull.proto).
+var consumerPattern = regexp.MustCompile(`^[A-Za-z0-9._:/-]*$`)
+
+// Config is the gpumetrics receiver's configuration. Exactly one mode is chosen:
+//
+//   - subprocess mode (`command` set): the receiver starts the sidecar as a go-plugin subprocess
+//     and stops it at shutdown;
+//   - remote mode (`endpoint` set): the receiver connects to a sidecar that runs on its own.
+type Config struct {
+	scraperhelper.ControllerConfig `mapstructure:",squash"`
+
+	// Command is the sidecar executable for subprocess mode (a path, or a name looked up in
+	// PATH), e.g. "gpumetrics". It is executed directly, never through a shell.
+	Command string `mapstructure:"command"`
+	// Args are the sidecar's arguments in subprocess mode, e.g. ["serve", "--simulate"].
+	Args []string `mapstructure:"args"`
+	// Env is added to the sidecar's environment in subprocess mode; it overrides the Collector's
+	// own environment for the same keys.
+	Env map[string]string `mapstructure:"env"`
+	// StartTimeout bounds the wait for the sidecar's go-plugin handshake in subprocess mode.
+	StartTimeout time.Duration `mapstructure:"start_timeout"`
+
+	// Endpoint is the address of a running sidecar for remote mode: "host:port" or
+	// "unix:///absolute/path".
+	Endpoint string `mapstructure:"endpoint"`
+	// TLS holds the client TLS settings for remote mode. TLS is used unless `insecure: true`,
+	// as in the Collector's OTLP exporter.
+	TLS configtls.ClientConfig `mapstructure:"tls"`
+
+	// Token is a bearer token sent as "authorization: Bearer <token>" on every Pull.
+	Token configopaque.String `mapstructure:"token"`
+	// TokenFile is a file holding the bearer token (surrounding whitespace is ignored). It is
+	// read before every scrape, so a rotated token is picked up.
+	TokenFile string `mapstructure:"token_file"`
+
+	// Consumer is the consumer name the sidecar keeps this receiver's cursor under. Empty means
+	// the receiver's component ID (e.g. "gpumetrics/remote"). Two receivers pulling from one
+	// sidecar must use different names.
+	Consumer string `mapstructure:"consumer"`
+	// MaxPullsPerScrape bounds the Pull calls of one scrape while the sidecar says `more`.
+	MaxPullsPerScrape int `mapstructure:"max_pulls_per_scrape"`
+	// MaxDataPointsPerPull is sent as PullRequest.max_data_points (0 = the sidecar's default).
+	MaxDataPointsPerPull uint32 `mapstructure:"max_data_points_per_pull"`
+	// MaxBytesPerPull is sent as PullRequest.max_bytes (0 = the sidecar's default).
+	MaxBytesPerPull uint64 `mapstructure:"max_bytes_per_pull"`
+	// MaxRecvMsgSizeMiB bounds one PullResponse in remote mode, in MiB (gRPC's default is 4).
+	MaxRecvMsgSizeMiB int `mapstructure:"max_recv_msg_size_mib"`
+
+	// prevent unkeyed literal initialization
+	_ struct{}
+}
+
+// subprocessMode reports whether the configuration selects subprocess mode.
+func (cfg *Config) subprocessMode() bool { return cfg.Command != "" }
+
+// Validate checks the configuration; each message quotes the offending YAML key. The embedded
+// controller settings (`collection_interval`, `initial_delay`) are validated by scraperhelper.
+func (cfg *Config) Validate() error {
+	var errs []error
+	switch {
+	case cfg.Command == "" && cfg.Endpoint == "":
+		errs = append(errs, errors.New("one of 'command' (subprocess mode) or 'endpoint' (remote mode) must be set"))
+	case cfg.Command != "" && cfg.Endpoint != "":
+		errs = append(errs, errors.New("'command' and 'endpoint' cannot both be set: choose subprocess or remote mode"))
+	case cfg.subprocessMode():
+		errs = append(errs, cfg.validateSubprocess()...)
+	default:
+		errs = append(errs, cfg.validateRemote()...)
+	}
+	if cfg.Timeout <= 0 {
+		errs = append(errs, errors.New("'timeout' must be greater than 0: a scrape without a deadline can hang on a stuck sidecar"))
+	}
+	if cfg.Token != "" && cfg.TokenFile != "" {
+		errs = append(errs, errors.New("'token' and 'token_file' cannot both be set"))
+	}
+	if len(cfg.Consumer) > maxConsumerLen || !consumerPattern.MatchString(cfg.Consumer) {
+		errs = append(errs, fmt.Errorf("'consumer' %q must be at most %d bytes of [A-Za-z0-9._:/-]", cfg.Consumer, maxConsumerLen))
+	}
+	if cfg.MaxPullsPerScrape < 1 || cfg.MaxPullsPerScrape > maxMaxPullsPerScrape {
+		errs = append(errs, fmt.Errorf("'max_pulls_per_scrape' must be between 1 and %d, got %d", maxMaxPullsPerScrape, cfg.MaxPullsPerScrape))
+	}
+	return errors.Join(errs...)
+}
+
+func (cfg *Config) validateSubprocess() []error {
+	var errs []error
+	if strings.TrimSpace(cfg.Command) != cfg.Command {
+		errs = append(errs, fmt.Errorf("'command' %q must not start or end with whitespace", cfg.Command))
+	}
+	if cfg.StartTimeout <= 0 {
+		errs = append(errs, errors.New("'start_timeout' must be greater than 0"))
+	}
+	for key := range cfg.Env {
+		if key == "" || strings.ContainsAny(key, "=\x00") {
+			errs = append(errs, fmt.Errorf("'env' key %q must be non-empty and contain no '=' or NUL", key))
+		}
+	}
+	if !reflect.DeepEqual(cfg.TLS, configtls.NewDefaultClientConfig()) {
+		errs = append(errs, errors.New("'tls' applies only to remote mode ('endpoint'); the subprocess is reached over a private unix socket"))
+	}
+	return errs
+}
+
+func (cfg *Config) validateRemote() []error {
+	var errs []error
+	if err := validateEndpoint(cfg.Endpoint); err != nil {
+		errs = append(errs, err)
+	}
+	if len(cfg.Args) > 0 {
+		errs = append(errs, errors.New("'args' applies only to subprocess mode ('command')"))
+	}
+	if len(cfg.Env) > 0 {
+		errs = append(errs, errors.New("'env' applies only to subprocess mode ('command')"))
+	}
+	if cfg.MaxRecvMsgSizeMiB < 1 {
+		errs = append(errs, fmt.Errorf("'max_recv_msg_size_mib' must be at least 1, got %d", cfg.MaxRecvMsgSizeMiB))
+	}
+	if err := cfg.TLS.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("'tls': %w", err))
+	}
+	return errs
+}
+
+// validateEndpoint accepts "host:port" (port 1-65535) or "unix:///absolute/path".
+func validateEndpoint(endpoint string) error {
+	if path, ok := strings.CutPrefix(endpoint, unixScheme); ok {
+		if !filepath.IsAbs(path) {
+			return fmt.Errorf("'endpoint' %q: a unix socket needs an absolute path, as in unix:///run/gpumetrics/pull.sock", endpoint)
+		}
+		return nil
+	}
+	host, port, err := net.SplitHostPort(endpoint)
+	if err != nil {
+		return fmt.Errorf("'endpoint' %q must be host:port or unix:///absolute/path: %w", endpoint, err)
+	}
+	if host == "" {
+		return fmt.Errorf("'endpoint' %q has no host", endpoint)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("'endpoint' %q: port must be a number from 1 to 65535", endpoint)
+	}
+	return nil
+}

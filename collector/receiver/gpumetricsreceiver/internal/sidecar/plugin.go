@@ -1,0 +1,187 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-plugin"
+	"go.uber.org/zap"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	gpumetricsv1 "github.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1"
+	"github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/hclogzap"
+)
+
+// healthService is the health-check service name every go-plugin plugin reports SERVING under.
+const healthService = "plugin"
+
+// PluginConfig says how to start the sidecar as a go-plugin subprocess.
+type PluginConfig struct {
+	// Command is the executable (a path, or a name looked up in PATH). It is executed directly,
+	// never through a shell, so that stopping it stops the sidecar itself.
+	Command string
+	// Args are the command-line arguments after Command.
+	Args []string
+	// Env is added to the Collector's own environment; a key here overrides the Collector's
+	// value (go-plugin alone would let the Collector's value win). go-plugin's own variables
+	// (the magic cookie, PLUGIN_*) are added last and cannot be overridden.
+	Env map[string]string
+	// StartTimeout bounds the time from exec to the handshake line on the sidecar's stdout.
+	StartTimeout time.Duration
+	// Logger receives go-plugin's messages and the sidecar's stderr lines.
+	Logger *zap.Logger
+}
+
+// Plugin is a sidecar started as a go-plugin subprocess. A go-plugin Client cannot be started
+// twice: after the process has gone, Close this Plugin and call StartPlugin again.
+type Plugin struct {
+	client *plugin.Client
+	cmd    *exec.Cmd
+	pull   gpumetricsv1.MetricsPullServiceClient
+	health healthpb.HealthClient
+	logger *zap.Logger
+
+	closeOnce sync.Once
+}
+
+var _ Conn = (*Plugin)(nil)
+
+// MergeEnv returns base with every key of extra set to extra's value (later keys replace earlier
+// ones, and each key appears once). base is in os.Environ form ("KEY=value").
+func MergeEnv(base []string, extra map[string]string) []string {
+	out := make([]string, 0, len(base)+len(extra))
+	for _, kv := range base {
+		key, _, _ := strings.Cut(kv, "=")
+		if _, replaced := extra[key]; !replaced {
+			out = append(out, kv)
+		}
+	}
+	for key, value := range extra {
+		out = append(out, key+"="+value)
+	}
+	return out
+}
+
+// StartPlugin starts the sidecar, waits for its handshake (at most cfg.StartTimeout), dispenses
+// the pull client and checks the sidecar's "plugin" health status. On any failure the process is
+// stopped and the error says which step failed.
+func StartPlugin(ctx context.Context, cfg PluginConfig) (*Plugin, error) {
+	path, err := exec.LookPath(cfg.Command)
+	if err != nil {
+		return nil, fmt.Errorf("sidecar command %q: %w", cfg.Command, err)
+	}
+	cmd := exec.Command(path, cfg.Args...)
+	cmd.Env = MergeEnv(os.Environ(), cfg.Env)
+
+	client := plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig:     Handshake,
+		Plugins:             plugin.PluginSet{PluginName: &PullPlugin{}},
+		Cmd:                 cmd,
+		SkipHostEnv:         true, // cmd.Env already holds the host environment, merged above
+		AllowedProtocols:    []plugin.Protocol{plugin.ProtocolGRPC},
+		GRPCBrokerMultiplex: false,
+		AutoMTLS:            false,
+		StartTimeout:        cfg.StartTimeout,
+		Logger:              hclogzap.New(cfg.Logger),
+	})
+	p := &Plugin{client: client, cmd: cmd, logger: cfg.Logger}
+	if err := p.connect(ctx); err != nil {
+		_ = p.Close(ctx)
+		return nil, fmt.Errorf("starting sidecar %q: %w", cfg.Command, err)
+	}
+	return p, nil
+}
+
+func (p *Plugin) connect(ctx context.Context) error {
+	rpc, err := p.client.Client() // starts the process and reads the handshake
+	if err != nil {
+		return err
+	}
+	raw, err := rpc.Dispense(PluginName)
+	if err != nil {
+		return fmt.Errorf("dispense %q: %w", PluginName, err)
+	}
+	pull, ok := raw.(gpumetricsv1.MetricsPullServiceClient)
+	if !ok {
+		return fmt.Errorf("dispense %q: got %T, not a MetricsPullServiceClient", PluginName, raw)
+	}
+	grpcClient, ok := rpc.(*plugin.GRPCClient)
+	if !ok {
+		return fmt.Errorf("plugin protocol %q: only grpc is supported", p.client.Protocol())
+	}
+	p.pull = pull
+	p.health = healthpb.NewHealthClient(grpcClient.Conn)
+	if err := p.checkHealth(ctx); err != nil {
+		return err
+	}
+	p.logger.Info("Started the gpumetrics sidecar as a go-plugin subprocess",
+		zap.Int("pid", p.Pid()), zap.Int("protocol_version", p.client.NegotiatedVersion()))
+	return nil
+}
+
+// checkHealth asks grpc.health.v1.Health/Check for service "plugin" (unlike go-plugin's Ping,
+// it honours ctx's deadline).
+func (p *Plugin) checkHealth(ctx context.Context) error {
+	resp, err := p.health.Check(ctx, &healthpb.HealthCheckRequest{Service: healthService})
+	if err != nil {
+		return fmt.Errorf("health check %q: %w", healthService, err)
+	}
+	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("health check %q: status %s", healthService, resp.GetStatus())
+	}
+	return nil
+}
+
+// Pid returns the sidecar's process id, or 0 when it was never started.
+func (p *Plugin) Pid() int {
+	if rc := p.client.ReattachConfig(); rc != nil {
+		return rc.Pid
+	}
+	return 0
+}
+
+// Pull calls MetricsPullService/Pull on the sidecar.
+func (p *Plugin) Pull(ctx context.Context, req *gpumetricsv1.PullRequest) (*gpumetricsv1.PullResponse, error) {
+	return p.pull.Pull(ctx, req)
+}
+
+// Lost reports whether the process has exited or no longer answers its health check within ctx.
+func (p *Plugin) Lost(ctx context.Context) bool {
+	if p.client.Exited() {
+		return true
+	}
+	return p.checkHealth(ctx) != nil
+}
+
+// Close stops the sidecar: go-plugin's Kill calls plugin.GRPCController/Shutdown, waits up to 2 s
+// for the process to exit and only then SIGKILLs it. If ctx ends before Kill returns (a sidecar
+// that hangs in Shutdown), the process is SIGKILLed at once and Close waits for Kill to finish.
+func (p *Plugin) Close(ctx context.Context) error {
+	var err error
+	p.closeOnce.Do(func() {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			p.client.Kill()
+		}()
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+		}
+		p.logger.Warn("Sidecar did not stop before the shutdown deadline; killing it")
+		if proc := p.cmd.Process; proc != nil {
+			if kerr := proc.Kill(); kerr != nil && !errors.Is(kerr, os.ErrProcessDone) {
+				err = fmt.Errorf("killing sidecar: %w", kerr)
+			}
+		}
+		<-done
+	})
+	return err
+}

@@ -1,0 +1,404 @@
+package gpumetricsreceiver
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/config/configopaque"
+	"go.opentelemetry.io/collector/consumer/consumererror"
+	"go.opentelemetry.io/collector/scraper/scrapererror"
+	"go.opentelemetry.io/collector/scraper/scraperhelper"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	gpumetricsv1 "github.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1"
+	"github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/fakesidecar"
+)
+
+// acks returns the ack_sequence of every request.
+func acks(reqs []*gpumetricsv1.PullRequest) []uint64 {
+	out := make([]uint64, len(reqs))
+	for i, r := range reqs {
+		out[i] = r.GetAckSequence()
+	}
+	return out
+}
+
+func TestRemotePullUntilNotMore(t *testing.T) {
+	tests := []struct {
+		name  string
+		serve func(*testing.T, *fakesidecar.Server) string
+	}{
+		{name: "tcp", serve: func(t *testing.T, f *fakesidecar.Server) string { return serveTCP(t, f) }},
+		{name: "unix", serve: serveUnix},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := fakesidecar.New(fakesidecar.Options{MaxBatchesPerPull: 2})
+			appendBatches(fake, 5, 3)
+			env := newTestEnv(t)
+			s := newScraper(t, env, remoteConfig(tt.serve(t, fake)))
+			next := newScriptedConsumer()
+
+			scrapeErr, consumeErr := cycle(s, next)
+			require.NoError(t, scrapeErr)
+			require.NoError(t, consumeErr)
+			assert.Equal(t, []string{"b1", "b2", "b3", "b4", "b5"}, next.batchLabels())
+
+			// three pulls (2+2+1 batches), none acknowledging yet: the pipeline had not answered
+			reqs := fake.Requests()
+			require.Len(t, reqs, 3)
+			assert.Equal(t, []uint64{0, 0, 0}, acks(reqs))
+			for _, r := range reqs {
+				assert.Equal(t, "gpumetrics/test", r.GetConsumer())
+			}
+
+			// the next scrape acknowledges all five and gets nothing new
+			scrapeErr, consumeErr = cycle(s, next)
+			require.NoError(t, scrapeErr)
+			require.NoError(t, consumeErr)
+			reqs = fake.Requests()
+			require.Len(t, reqs, 4)
+			assert.Equal(t, uint64(5), reqs[3].GetAckSequence())
+			assert.Equal(t, "epoch-1", reqs[3].GetAckEpoch())
+			assert.Nil(t, reqs[3].GetPreviousOutcome())
+			assert.Equal(t, uint64(5), fake.Acked("gpumetrics/test"))
+			assert.Len(t, next.batchLabels(), 5, "nothing was delivered twice")
+		})
+	}
+}
+
+func TestRemotePullsPerScrapeAreBounded(t *testing.T) {
+	fake := fakesidecar.New(fakesidecar.Options{MaxBatchesPerPull: 1})
+	appendBatches(fake, 5, 1)
+	cfg := remoteConfig(serveTCP(t, fake))
+	cfg.MaxPullsPerScrape = 2
+	cfg.MaxDataPointsPerPull = 7
+	cfg.MaxBytesPerPull = 4096
+	s := newScraper(t, newTestEnv(t), cfg)
+	next := newScriptedConsumer()
+
+	_, _ = cycle(s, next)
+	assert.Equal(t, []string{"b1", "b2"}, next.batchLabels())
+	reqs := fake.Requests()
+	require.Len(t, reqs, 2)
+	assert.Equal(t, uint32(7), reqs[0].GetMaxDataPoints())
+	assert.Equal(t, uint64(4096), reqs[0].GetMaxBytes())
+
+	_, _ = cycle(s, next)
+	assert.Equal(t, []string{"b1", "b2", "b3", "b4"}, next.batchLabels())
+	assert.Equal(t, uint64(2), fake.Requests()[2].GetAckSequence())
+}
+
+// TestRemoteAckOnlyAfterPipelineAccepted drives the real scraper controller: the pipeline refuses
+// the first delivery, so nothing is acknowledged, the refusal is reported, and the sidecar
+// re-delivers; the acknowledgement follows the accepted delivery.
+func TestRemoteAckOnlyAfterPipelineAccepted(t *testing.T) {
+	fake := fakesidecar.New(fakesidecar.Options{MaxBatchesPerPull: 10})
+	appendBatches(fake, 2, 2)
+	env := newTestEnv(t)
+	cfg := remoteConfig(serveTCP(t, fake))
+	next := newScriptedConsumer(errors.New("pipeline full"))
+	ticks := make(chan time.Time)
+	rcv, err := newMetricsReceiver(env.set, cfg, next, scraperhelper.WithTickerChannel(ticks))
+	require.NoError(t, err)
+	require.NoError(t, rcv.Start(context.Background(), componenttest.NewNopHost()))
+
+	next.waitCall(t) // first scrape: refused
+	assert.Empty(t, next.batchLabels())
+	ticks <- time.Now()
+	next.waitCall(t) // second scrape: re-delivered and accepted
+	ticks <- time.Now()
+	next.waitCall(t) // third scrape: carries the acknowledgement
+	require.NoError(t, rcv.Shutdown(context.Background()))
+
+	assert.Equal(t, []string{"b1", "b2"}, next.batchLabels(), "accepted exactly once")
+	reqs := fake.Requests()
+	require.Len(t, reqs, 3, "no final ack_only: the third pull already acknowledged")
+	assert.Equal(t, []uint64{0, 0, 2}, acks(reqs))
+	outcome := reqs[1].GetPreviousOutcome()
+	require.NotNil(t, outcome)
+	assert.Equal(t, uint64(2), outcome.GetLastSequence())
+	assert.Equal(t, int64(4), outcome.GetRejectedDataPoints())
+	assert.Equal(t, "pipeline full", outcome.GetErrorMessage())
+	assert.Nil(t, reqs[2].GetPreviousOutcome())
+	assert.Equal(t, 1, env.logs.FilterMessageSnippet("not acknowledged, the sidecar will re-deliver").Len())
+}
+
+func TestRemotePermanentRejectionIsAcknowledged(t *testing.T) {
+	fake := fakesidecar.New(fakesidecar.Options{})
+	appendBatches(fake, 1, 3)
+	s := newScraper(t, newTestEnv(t), remoteConfig(serveTCP(t, fake)))
+	next := newScriptedConsumer(consumererror.NewPermanent(errors.New("bad data")))
+
+	_, consumeErr := cycle(s, next)
+	require.Error(t, consumeErr)
+	_, consumeErr = cycle(s, next)
+	require.NoError(t, consumeErr)
+
+	assert.Empty(t, next.batchLabels(), "a permanently rejected batch is not re-delivered")
+	reqs := fake.Requests()
+	require.Len(t, reqs, 2)
+	assert.Equal(t, uint64(1), reqs[1].GetAckSequence())
+	assert.Equal(t, int64(3), reqs[1].GetPreviousOutcome().GetRejectedDataPoints())
+	assert.Contains(t, reqs[1].GetPreviousOutcome().GetErrorMessage(), "bad data")
+}
+
+func TestRemoteEpochChangeResetsCursor(t *testing.T) {
+	fake := fakesidecar.New(fakesidecar.Options{Epoch: "epoch-1"})
+	appendBatches(fake, 1, 1)
+	env := newTestEnv(t)
+	s := newScraper(t, env, remoteConfig(serveTCP(t, fake)))
+	next := newScriptedConsumer()
+	_, _ = cycle(s, next)
+
+	fake.Restart("epoch-2")
+	fake.Append(fakesidecar.Gauge("after-restart", 1))
+	scrapeErr, _ := cycle(s, next)
+	require.NoError(t, scrapeErr)
+	_, _ = cycle(s, next)
+
+	assert.Equal(t, []string{"b1", "after-restart"}, next.batchLabels())
+	reqs := fake.Requests()
+	require.Len(t, reqs, 3)
+	assert.Equal(t, "epoch-1", reqs[1].GetAckEpoch(), "the first pull after the restart still acknowledges the old epoch")
+	assert.Equal(t, uint64(1), reqs[1].GetAckSequence())
+	assert.Equal(t, "epoch-2", reqs[2].GetAckEpoch())
+	assert.Equal(t, uint64(1), reqs[2].GetAckSequence())
+	restarts := env.logs.FilterMessageSnippet("sidecar restarted")
+	require.Equal(t, 1, restarts.Len())
+	assert.Equal(t, "epoch-1", restarts.All()[0].ContextMap()["old_epoch"])
+	assert.Equal(t, int64(1), env.counter(t, "otelcol_gpumetrics_sidecar_restarts"))
+}
+
+func TestRemoteBearerToken(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600))
+	wrongFile := filepath.Join(t.TempDir(), "wrong")
+	require.NoError(t, os.WriteFile(wrongFile, []byte("nope"), 0o600))
+	tests := []struct {
+		name      string
+		token     string
+		tokenFile string
+		wantCode  codes.Code
+	}{
+		{name: "token", token: "s3cret", wantCode: codes.OK},
+		{name: "token_file", tokenFile: tokenFile, wantCode: codes.OK},
+		{name: "wrong token_file", tokenFile: wrongFile, wantCode: codes.Unauthenticated},
+		{name: "wrong token", token: "s3cret2", wantCode: codes.Unauthenticated},
+		{name: "no token", wantCode: codes.Unauthenticated},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := fakesidecar.New(fakesidecar.Options{Token: "s3cret"})
+			appendBatches(fake, 1, 1)
+			cfg := remoteConfig(serveTCP(t, fake))
+			cfg.Token = configopaque.String(tt.token)
+			cfg.TokenFile = tt.tokenFile
+			s := newScraper(t, newTestEnv(t), cfg)
+			next := newScriptedConsumer()
+
+			scrapeErr, _ := cycle(s, next)
+			assert.Equal(t, tt.wantCode, status.Code(errors.Unwrap(scrapeErr)), "scrape error: %v", scrapeErr)
+			if tt.wantCode == codes.OK {
+				assert.Equal(t, []string{"b1"}, next.batchLabels())
+			} else {
+				assert.Empty(t, next.batchLabels())
+			}
+		})
+	}
+}
+
+func TestRemoteTLS(t *testing.T) {
+	pki := newTestPKI(t)
+	tests := []struct {
+		name     string
+		tls      func(cfg *Config)
+		wantCode codes.Code
+		wantErr  string
+	}{
+		{name: "test CA", tls: func(cfg *Config) { cfg.TLS.Insecure = false; cfg.TLS.CAFile = pki.caFile }},
+		{
+			name: "system roots", tls: func(cfg *Config) { cfg.TLS.Insecure = false },
+			wantCode: codes.DeadlineExceeded, wantErr: "certificate signed by unknown authority",
+		},
+		{
+			name: "plaintext", tls: func(cfg *Config) { cfg.TLS.Insecure = true },
+			wantCode: codes.DeadlineExceeded, wantErr: "pull from the gpumetrics sidecar",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := fakesidecar.New(fakesidecar.Options{})
+			appendBatches(fake, 1, 1)
+			cfg := remoteConfig(serveTCP(t, fake, pki.serverOption()))
+			tt.tls(cfg)
+			s := newScraper(t, newTestEnv(t), cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			md, err := s.scrape(ctx)
+			if tt.wantErr != "" {
+				require.ErrorContains(t, err, tt.wantErr)
+				assert.Equal(t, tt.wantCode, status.Code(errors.Unwrap(err)))
+				assert.Empty(t, fake.Requests(), "no request reached the sidecar")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, 1, md.DataPointCount())
+		})
+	}
+}
+
+func TestRemoteReportsDrops(t *testing.T) {
+	fake := fakesidecar.New(fakesidecar.Options{})
+	appendBatches(fake, 1, 1)
+	fake.Drop(7, "max_bytes")
+	env := newTestEnv(t)
+	s := newScraper(t, env, remoteConfig(serveTCP(t, fake)))
+	_, _ = cycle(s, newScriptedConsumer())
+	_, _ = cycle(s, newScriptedConsumer()) // announces nothing more
+
+	drops := env.logs.FilterMessageSnippet("dropped data points").FilterLevelExact(zapcore.WarnLevel)
+	require.Equal(t, 1, drops.Len())
+	assert.Equal(t, uint64(7), drops.All()[0].ContextMap()["dropped_data_points"])
+	assert.Equal(t, []any{"max_bytes"}, drops.All()[0].ContextMap()["reasons"])
+	assert.Equal(t, int64(7), env.counter(t, "otelcol_gpumetrics_sidecar_dropped_data_points"))
+}
+
+// TestRemoteSidecarServingFromAck covers a sidecar that always serves from the acknowledged
+// cursor (as the Python store does): a scrape stops at the first replay, so nothing is handed to
+// the pipeline twice, and later scrapes in that epoch pull once.
+func TestRemoteSidecarServingFromAck(t *testing.T) {
+	fake := fakesidecar.New(fakesidecar.Options{ReplayFromAck: true})
+	appendBatches(fake, 3, 1)
+	s := newScraper(t, newTestEnv(t), remoteConfig(serveTCP(t, fake)))
+	next := newScriptedConsumer()
+	for range 3 {
+		scrapeErr, consumeErr := cycle(s, next)
+		require.NoError(t, scrapeErr)
+		require.NoError(t, consumeErr)
+	}
+	assert.Equal(t, []string{"b1", "b2", "b3"}, next.batchLabels())
+	assert.Equal(t, []uint64{0, 0, 1, 2}, acks(fake.Requests()), "one replayed pull, then one pull per scrape")
+}
+
+// TestRemoteBacklogDrainsAtPipelinePace runs the real controller with its regular tick an hour
+// away: every scrape after the first is started early, because the pipeline accepted a delivery
+// after which the sidecar said more batches wait.
+func TestRemoteBacklogDrainsAtPipelinePace(t *testing.T) {
+	fake := fakesidecar.New(fakesidecar.Options{ReplayFromAck: true})
+	appendBatches(fake, 3, 1)
+	cfg := remoteConfig(serveTCP(t, fake))
+	cfg.CollectionInterval = time.Hour
+	next := newScriptedConsumer()
+	rcv, err := newMetricsReceiver(newTestEnv(t).set, cfg, next)
+	require.NoError(t, err)
+	require.NoError(t, rcv.Start(context.Background(), componenttest.NewNopHost()))
+	for range 3 {
+		next.waitCall(t)
+	}
+	require.NoError(t, rcv.Shutdown(context.Background()))
+
+	assert.Equal(t, []string{"b1", "b2", "b3"}, next.batchLabels())
+	reqs := fake.Requests()
+	assert.Equal(t, []uint64{0, 0, 1, 2, 3}, acks(reqs))
+	assert.True(t, reqs[4].GetAckOnly(), "the last acknowledgement is sent at shutdown")
+}
+
+func TestRemotePullFailsMidScrape(t *testing.T) {
+	fake := fakesidecar.New(fakesidecar.Options{MaxBatchesPerPull: 1})
+	appendBatches(fake, 2, 1)
+	fake.FailRequest(2, status.Error(codes.Unavailable, "store busy"))
+	s := newScraper(t, newTestEnv(t), remoteConfig(serveTCP(t, fake)))
+	next := newScriptedConsumer()
+
+	scrapeErr, consumeErr := cycle(s, next)
+	require.ErrorContains(t, scrapeErr, "store busy")
+	assert.True(t, scrapererror.IsPartialScrapeError(scrapeErr), "the first pull's data still reaches the pipeline")
+	require.NoError(t, consumeErr)
+	assert.Equal(t, []string{"b1"}, next.batchLabels())
+
+	scrapeErr, _ = cycle(s, next)
+	require.NoError(t, scrapeErr)
+	assert.Equal(t, []string{"b1", "b2"}, next.batchLabels())
+	assert.Equal(t, uint64(1), fake.Requests()[2].GetAckSequence())
+}
+
+func TestRemoteSidecarDownThenUp(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pull.sock")
+	fake := fakesidecar.New(fakesidecar.Options{})
+	appendBatches(fake, 1, 1)
+	s := newScraper(t, newTestEnv(t), remoteConfig("unix://"+path))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	md, err := s.scrape(ctx)
+	require.ErrorContains(t, err, "pull from the gpumetrics sidecar")
+	assert.False(t, scrapererror.IsPartialScrapeError(err))
+	assert.Equal(t, 0, md.DataPointCount())
+	assert.Nil(t, s.cursor.takePending(), "nothing pulled, nothing to acknowledge")
+
+	lis, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	serve(t, lis, fake)
+	next := newScriptedConsumer()
+	scrapeErr, _ := cycle(s, next)
+	require.NoError(t, scrapeErr)
+	assert.Equal(t, []string{"b1"}, next.batchLabels())
+}
+
+func TestRemoteLargeResponse(t *testing.T) {
+	big := fakesidecar.Gauge("big", 1)
+	big.ResourceMetrics().At(0).Resource().Attributes().PutStr("padding", strings.Repeat("x", 6<<20))
+	tests := []struct {
+		name    string
+		mib     int
+		wantErr bool
+	}{
+		{name: "default 64 MiB", mib: defaultMaxRecvMsgSizeMiB},
+		{name: "4 MiB", mib: 4, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := fakesidecar.New(fakesidecar.Options{})
+			fake.Append(big)
+			cfg := remoteConfig(serveTCP(t, fake))
+			cfg.MaxRecvMsgSizeMiB = tt.mib
+			s := newScraper(t, newTestEnv(t), cfg)
+			md, err := s.scrape(context.Background())
+			if tt.wantErr {
+				assert.Equal(t, codes.ResourceExhausted, status.Code(errors.Unwrap(err)), "error: %v", err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, 1, md.DataPointCount())
+		})
+	}
+}
+
+func TestRemoteShutdownSendsPendingAck(t *testing.T) {
+	fake := fakesidecar.New(fakesidecar.Options{MaxBatchesPerPull: 2})
+	appendBatches(fake, 2, 1)
+	cfg := remoteConfig(serveTCP(t, fake))
+	s, err := newPullScraper(newTestEnv(t).set, cfg)
+	require.NoError(t, err)
+	require.NoError(t, s.start(context.Background(), componenttest.NewNopHost()))
+	_, _ = cycle(s, newScriptedConsumer())
+	require.NoError(t, s.shutdown(context.Background()))
+
+	reqs := fake.Requests()
+	require.Len(t, reqs, 2)
+	assert.True(t, reqs[1].GetAckOnly())
+	assert.Equal(t, uint64(2), reqs[1].GetAckSequence())
+	assert.Equal(t, uint64(2), fake.Acked("gpumetrics/test"))
+}

@@ -1,0 +1,344 @@
+package gpumetricsreceiver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/collector/pdata/pmetric"
+	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
+	"go.opentelemetry.io/collector/receiver"
+	"go.opentelemetry.io/collector/scraper/scrapererror"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/metadata"
+
+	gpumetricsv1 "github.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1"
+	imetadata "github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/metadata"
+	"github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/sidecar"
+)
+
+// finalAckTimeout bounds the ack_only Pull sent at shutdown in remote mode.
+const finalAckTimeout = 2 * time.Second
+
+// errNoConnection is returned by a scrape when the sidecar could not be reached or started.
+var errNoConnection = errors.New("no connection to the gpumetrics sidecar")
+
+// pullScraper pulls OTLP batches from the sidecar. The scraper controller calls start, then
+// scrape once per collection interval (never concurrently), then shutdown.
+type pullScraper struct {
+	cfg       *Config
+	logger    *zap.Logger
+	telemetry *imetadata.TelemetryBuilder
+	consumer  string
+	cursor    cursor
+
+	// connect makes a new connection: a go-plugin subprocess or a gRPC client.
+	connect func(ctx context.Context) (sidecar.Conn, error)
+
+	// stopped is cancelled when the receiver shuts down, ending an in-flight scrape at once
+	// (the controller waits for it before it calls shutdown) and the scheduler.
+	stopped    context.Context
+	stopScrape context.CancelFunc
+	schedule   *scheduler
+	scheduling sync.WaitGroup
+
+	mu   sync.Mutex
+	conn sidecar.Conn
+}
+
+func newPullScraper(set receiver.Settings, cfg *Config) (*pullScraper, error) {
+	tb, err := imetadata.NewTelemetryBuilder(set.TelemetrySettings)
+	if err != nil {
+		return nil, err
+	}
+	s := &pullScraper{cfg: cfg, logger: set.Logger, telemetry: tb, consumer: cfg.Consumer}
+	s.stopped, s.stopScrape = context.WithCancel(context.Background())
+	s.schedule = newScheduler(cfg.CollectionInterval, cfg.MaxPullsPerScrape)
+	if s.consumer == "" {
+		s.consumer = set.ID.String()
+	}
+	if cfg.subprocessMode() {
+		s.connect = s.startPlugin
+	} else {
+		s.connect = s.dialRemote
+	}
+	return s, nil
+}
+
+func (s *pullScraper) startPlugin(ctx context.Context) (sidecar.Conn, error) {
+	return sidecar.StartPlugin(ctx, sidecar.PluginConfig{
+		Command:      s.cfg.Command,
+		Args:         s.cfg.Args,
+		Env:          s.cfg.Env,
+		StartTimeout: s.cfg.StartTimeout,
+		Logger:       s.logger.Named("sidecar"),
+	})
+}
+
+func (s *pullScraper) dialRemote(ctx context.Context) (sidecar.Conn, error) {
+	tlsCfg, err := s.cfg.TLS.LoadTLSConfig(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("'tls': %w", err)
+	}
+	if tlsCfg == nil && (s.cfg.Token != "" || s.cfg.TokenFile != "") && !isLocalEndpoint(s.cfg.Endpoint) {
+		s.logger.Warn("A bearer token is sent in plaintext to a non-loopback sidecar; set 'tls' to protect it",
+			zap.String("endpoint", s.cfg.Endpoint))
+	}
+	return sidecar.DialRemote(sidecar.RemoteConfig{
+		Target:         s.cfg.Endpoint,
+		TLS:            tlsCfg,
+		MaxRecvMsgSize: s.cfg.MaxRecvMsgSizeMiB << 20,
+	})
+}
+
+// isLocalEndpoint reports whether endpoint is a unix socket or a loopback address.
+func isLocalEndpoint(endpoint string) bool {
+	if strings.HasPrefix(endpoint, unixScheme) {
+		return true
+	}
+	host, _, err := net.SplitHostPort(endpoint)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// start checks the token file and makes the first connection. In subprocess mode a sidecar that
+// cannot be started fails the Collector's start, with the reason; later losses are repaired by
+// the next scrape.
+func (s *pullScraper) start(ctx context.Context, _ component.Host) error {
+	if _, err := s.token(); err != nil {
+		return err
+	}
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.conn = conn
+	s.mu.Unlock()
+	s.scheduling.Go(func() { s.schedule.run(s.stopped) })
+	return nil
+}
+
+// shutdown sends a pending acknowledgement (remote mode: the sidecar outlives us) and closes the
+// connection, which stops a subprocess sidecar. It is safe without start.
+func (s *pullScraper) shutdown(ctx context.Context) error {
+	s.stopScrape()
+	s.scheduling.Wait()
+	s.mu.Lock()
+	conn := s.conn
+	s.conn = nil
+	s.mu.Unlock()
+	if conn == nil {
+		return nil
+	}
+	if !s.cfg.subprocessMode() && s.cursor.hasUnsentAck() {
+		s.sendFinalAck(ctx, conn)
+	}
+	return conn.Close(ctx)
+}
+
+func (s *pullScraper) sendFinalAck(ctx context.Context, conn sidecar.Conn) {
+	ctx, cancel := context.WithTimeout(ctx, finalAckTimeout)
+	defer cancel()
+	ctx, err := s.withToken(ctx)
+	if err == nil {
+		req := s.cursor.request(s.consumer, 0, 0, true)
+		if _, err = conn.Pull(ctx, req); err == nil {
+			s.cursor.delivered(req)
+			return
+		}
+	}
+	s.logger.Info("Could not send the final acknowledgement; the sidecar will re-deliver the last batches", zap.Error(err))
+}
+
+// token returns the bearer token ("" when none is configured), reading token_file afresh.
+func (s *pullScraper) token() (string, error) {
+	if s.cfg.TokenFile == "" {
+		return string(s.cfg.Token), nil
+	}
+	b, err := os.ReadFile(s.cfg.TokenFile)
+	if err != nil {
+		return "", fmt.Errorf("'token_file': %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("'token_file' %q is empty", s.cfg.TokenFile)
+	}
+	return tok, nil
+}
+
+func (s *pullScraper) withToken(ctx context.Context) (context.Context, error) {
+	tok, err := s.token()
+	if err != nil || tok == "" {
+		return ctx, err
+	}
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok), nil
+}
+
+// connection returns the current connection, making a new one when there is none (a subprocess
+// that was lost, or a start that failed).
+func (s *pullScraper) connection(ctx context.Context) (sidecar.Conn, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn != nil {
+		return s.conn, nil
+	}
+	s.logger.Info("Starting a new connection to the gpumetrics sidecar")
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errNoConnection, err)
+	}
+	s.conn = conn
+	return conn, nil
+}
+
+// dropIfLost closes conn after a failed Pull when it cannot recover by itself (a subprocess that
+// exited or stopped answering), so the next scrape starts a new one.
+func (s *pullScraper) dropIfLost(ctx context.Context, conn sidecar.Conn) {
+	if !conn.Lost(ctx) {
+		return
+	}
+	s.logger.Warn("The gpumetrics sidecar process is gone; a new one is started at the next scrape")
+	s.mu.Lock()
+	if s.conn == conn {
+		s.conn = nil
+	}
+	s.mu.Unlock()
+	if err := conn.Close(ctx); err != nil {
+		s.logger.Debug("Closing the lost sidecar", zap.Error(err))
+	}
+}
+
+// scrape pulls until the sidecar says there is no more (at most max_pulls_per_scrape pulls) and
+// returns the batches as one pmetric.Metrics. What it returns is recorded as pending and settled
+// by ackingConsumer once the pipeline answered. A Pull that fails after earlier ones succeeded
+// gives a partial scrape error, so the data already pulled still reaches the pipeline.
+func (s *pullScraper) scrape(ctx context.Context) (pmetric.Metrics, error) {
+	md := pmetric.NewMetrics()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.stopped, cancel)()
+	ctx, err := s.withToken(ctx)
+	if err != nil {
+		return md, err
+	}
+	conn, err := s.connection(ctx)
+	if err != nil {
+		return md, err
+	}
+	var (
+		d        *delivery // what this scrape collected so far
+		decodeEs []error
+		pullErr  error
+	)
+	for range s.cfg.MaxPullsPerScrape {
+		req := s.cursor.request(s.consumer, s.cfg.MaxDataPointsPerPull, s.cfg.MaxBytesPerPull, false)
+		resp, err := conn.Pull(ctx, req)
+		if err != nil {
+			pullErr = fmt.Errorf("pull from the gpumetrics sidecar: %w", err)
+			s.dropIfLost(ctx, conn)
+			break
+		}
+		s.cursor.delivered(req)
+		if old, restarted := s.cursor.observeEpoch(resp.GetEpoch()); restarted {
+			s.logger.Info("The gpumetrics sidecar restarted (new store epoch); acknowledgement cursor reset",
+				zap.String("old_epoch", old), zap.String("epoch", resp.GetEpoch()))
+			s.telemetry.GpumetricsSidecarRestarts.Add(ctx, 1)
+		}
+		s.reportDrops(ctx, resp)
+		if d != nil && d.epoch != resp.GetEpoch() {
+			// Restarted between two pulls of this scrape: the older data is still handed on,
+			// but only the new epoch can be acknowledged.
+			d = &delivery{epoch: resp.GetEpoch(), points: d.points, rejected: d.rejected, rejectReason: d.rejectReason}
+		}
+		if resp.GetLastSequence() == 0 && len(resp.GetExportMetricsServiceRequest()) == 0 {
+			break // nothing new
+		}
+		if d != nil && d.lastSequence != 0 && resp.GetFirstSequence() <= d.lastSequence {
+			// This sidecar serves from the acknowledged cursor: it replays what this scrape
+			// already holds until the pipeline accepted it. Stop here (the scheduler starts the
+			// next scrape once the pipeline accepted) and pull once per scrape in this epoch.
+			s.logger.Debug("Sidecar serves from the acknowledged cursor; one pull per scrape from now on",
+				zap.Uint64("first_sequence", resp.GetFirstSequence()), zap.Uint64("held_up_to", d.lastSequence))
+			s.cursor.setServesFromAck()
+			d.more = true
+			break
+		}
+		if d == nil {
+			d = &delivery{epoch: resp.GetEpoch()}
+		}
+		d.lastSequence = resp.GetLastSequence()
+		if s.cursor.alreadyAccepted(resp.GetEpoch(), resp.GetLastSequence()) {
+			s.logger.Debug("Sidecar re-sent batches the pipeline already accepted; skipped",
+				zap.Uint64("last_sequence", resp.GetLastSequence()))
+		} else if err := appendOTLP(md, resp.GetExportMetricsServiceRequest()); err != nil {
+			decodeEs = append(decodeEs, fmt.Errorf("batches %d..%d: %w", resp.GetFirstSequence(), resp.GetLastSequence(), err))
+			d.rejected += int64(resp.GetDataPoints())
+		}
+		d.more = resp.GetMore()
+		if !d.more || s.cursor.servesFromAck() {
+			break
+		}
+	}
+	if d != nil {
+		d.points = int64(md.DataPointCount())
+		if len(decodeEs) > 0 {
+			d.rejectReason = errors.Join(decodeEs...).Error()
+		}
+		s.cursor.setPending(d)
+	}
+	return md, scrapeError(d, pullErr, decodeEs)
+}
+
+// scrapeError turns the scrape's failures into the controller's terms: nothing pulled and a
+// failed Pull is a plain error (the controller drops the scrape); otherwise a partial scrape
+// error, so the data that was pulled still reaches the pipeline.
+func scrapeError(d *delivery, pullErr error, decodeEs []error) error {
+	if pullErr == nil && len(decodeEs) == 0 {
+		return nil
+	}
+	if d == nil {
+		return pullErr
+	}
+	return scrapererror.NewPartialScrapeError(errors.Join(append(decodeEs, pullErr)...), int(d.rejected))
+}
+
+// appendOTLP decodes a serialized ExportMetricsServiceRequest (or MetricsData: same wire format)
+// and moves its resources into md. Empty bytes add nothing.
+func appendOTLP(md pmetric.Metrics, b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	req := pmetricotlp.NewExportRequest()
+	if err := req.UnmarshalProto(b); err != nil {
+		return fmt.Errorf("decoding export_metrics_service_request: %w", err)
+	}
+	req.Metrics().ResourceMetrics().MoveAndAppendTo(md.ResourceMetrics())
+	return nil
+}
+
+// reportDrops logs and counts the data points the sidecar says this consumer lost.
+func (s *pullScraper) reportDrops(ctx context.Context, resp *gpumetricsv1.PullResponse) {
+	n := resp.GetDroppedDataPoints()
+	if n == 0 {
+		return
+	}
+	s.logger.Warn("The gpumetrics sidecar dropped data points before this receiver acknowledged them",
+		zap.Uint64("dropped_data_points", n),
+		zap.Uint64("dropped_data_points_total", resp.GetDroppedDataPointsTotal()),
+		zap.Strings("reasons", resp.GetDropReasons()),
+		zap.String("consumer", s.consumer))
+	s.telemetry.GpumetricsSidecarDroppedDataPoints.Add(ctx, int64(n)) //nolint:gosec // counts are far below 2^63
+}

@@ -1,0 +1,172 @@
+package gpumetricsreceiver
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/component/componenttest"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/sidecar"
+)
+
+// pluginPath is the test plugin built from testdata/testplugin, once per test binary.
+var pluginPath = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "gpumetrics-testplugin-")
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "testplugin")
+	cmd := exec.Command("go", "build", "-o", out, "./testdata/testplugin")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the test plugin: %w\n%s", err, b)
+	}
+	return out, nil
+})
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if path, err := pluginPath(); err == nil {
+		_ = os.RemoveAll(filepath.Dir(path))
+	}
+	os.Exit(code)
+}
+
+func subprocessConfig(t *testing.T) *Config {
+	t.Helper()
+	path, err := pluginPath()
+	require.NoError(t, err)
+	cfg := createDefaultConfig().(*Config)
+	cfg.Command = path
+	cfg.InitialDelay = 0
+	cfg.Env = map[string]string{"TESTPLUGIN_BATCHES": "3"}
+	return cfg
+}
+
+// pluginPids returns the process.pid resource attribute of every resource accepted.
+func (c *scriptedConsumer) pluginPids() []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int64
+	for _, md := range c.accepted {
+		for i := range md.ResourceMetrics().Len() {
+			v, _ := md.ResourceMetrics().At(i).Resource().Attributes().Get("process.pid")
+			out = append(out, v.Int())
+		}
+	}
+	return out
+}
+
+func TestSubprocessHandshakePullAndCleanShutdown(t *testing.T) {
+	env := newTestEnv(t)
+	cfg := subprocessConfig(t)
+	s, err := newPullScraper(env.set, cfg)
+	require.NoError(t, err)
+	require.NoError(t, s.start(context.Background(), componenttest.NewNopHost()))
+
+	p, ok := s.conn.(*sidecar.Plugin)
+	require.True(t, ok, "subprocess mode connects through go-plugin")
+	pid := p.Pid()
+	require.Positive(t, pid)
+
+	next := newScriptedConsumer()
+	scrapeErr, consumeErr := cycle(s, next)
+	require.NoError(t, scrapeErr)
+	require.NoError(t, consumeErr)
+	assert.Equal(t, []string{"b1", "b2", "b3"}, next.batchLabels(), "pulled until more == false (2 + 1 batches)")
+	assert.Equal(t, []int64{int64(pid), int64(pid), int64(pid)}, next.pluginPids())
+
+	require.NoError(t, s.shutdown(context.Background()))
+
+	// the sidecar's stderr line reached the Collector's log, at its own level
+	stderr := env.logs.FilterMessageSnippet("testplugin serving")
+	require.Equal(t, 1, stderr.Len())
+	assert.Equal(t, zapcore.InfoLevel, stderr.All()[0].Level)
+	// go-plugin's handshake and a graceful exit (Shutdown answered, no SIGKILL)
+	assert.Equal(t, 1, env.logs.FilterMessage("Started the gpumetrics sidecar as a go-plugin subprocess").Len())
+	assert.Equal(t, 1, env.logs.FilterMessage("plugin exited").Len(), "go-plugin logs this only after a graceful exit")
+	assert.Zero(t, env.logs.FilterMessageSnippet("failed to exit gracefully").Len())
+	assert.Zero(t, env.logs.FilterMessageSnippet("killing it").Len())
+	assert.ErrorIs(t, unix.Kill(pid, 0), unix.ESRCH, "the plugin process is gone")
+}
+
+// waitExit blocks until process pid has terminated (its pidfd becomes readable).
+func waitExit(t *testing.T, pid int) {
+	t.Helper()
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		require.ErrorIs(t, err, unix.ESRCH)
+		return
+	}
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}} //nolint:gosec // fd fits
+	for {
+		n, err := unix.Poll(fds, 30_000)
+		if err == unix.EINTR {
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "plugin %d did not exit within 30 s", pid)
+		return
+	}
+}
+
+func TestSubprocessRestartsALostSidecar(t *testing.T) {
+	env := newTestEnv(t)
+	s := newScraper(t, env, subprocessConfig(t))
+	next := newScriptedConsumer()
+	_, _ = cycle(s, next)
+	first := next.pluginPids()
+	require.Len(t, first, 3)
+
+	require.NoError(t, unix.Kill(int(first[0]), unix.SIGKILL))
+	waitExit(t, int(first[0]))
+
+	scrapeErr, _ := cycle(s, next)
+	require.ErrorContains(t, scrapeErr, "pull from the gpumetrics sidecar")
+	assert.Equal(t, 1, env.logs.FilterMessageSnippet("sidecar process is gone").Len())
+
+	scrapeErr, consumeErr := cycle(s, next)
+	require.NoError(t, scrapeErr)
+	require.NoError(t, consumeErr)
+	pids := next.pluginPids()
+	require.Len(t, pids, 6, "the new sidecar's three batches")
+	assert.NotEqual(t, first[0], pids[3])
+	assert.Equal(t, 1, env.logs.FilterMessageSnippet("sidecar restarted").Len(), "new epoch detected")
+}
+
+func TestSubprocessStartFailures(t *testing.T) {
+	tests := []struct {
+		name    string
+		command string
+		wantErr string
+	}{
+		{name: "not found", command: "gpumetrics-does-not-exist", wantErr: `sidecar command "gpumetrics-does-not-exist": exec: "gpumetrics-does-not-exist": executable file not found in $PATH`},
+		{name: "not a plugin", command: "true", wantErr: "Failed to read any lines from plugin's stdout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := createDefaultConfig().(*Config)
+			cfg.Command = tt.command
+			require.NoError(t, cfg.Validate())
+			s, err := newPullScraper(newTestEnv(t).set, cfg)
+			require.NoError(t, err)
+			err = s.start(context.Background(), componenttest.NewNopHost())
+			require.ErrorContains(t, err, tt.wantErr)
+			require.NoError(t, s.shutdown(context.Background()))
+		})
+	}
+}
+
+func TestMergeEnvOverridesHost(t *testing.T) {
+	got := sidecar.MergeEnv([]string{"A=1", "B=2", "PYTHONUNBUFFERED=0"}, map[string]string{"PYTHONUNBUFFERED": "1", "C": "3"})
+	assert.ElementsMatch(t, []string{"A=1", "B=2", "PYTHONUNBUFFERED=1", "C=3"}, got)
+}
