@@ -32,9 +32,7 @@ def test_relabel_case(case: dict) -> None:
 
 
 def test_every_action_is_covered() -> None:
-    used = {
-        str(rule.get("action", "replace")).lower() for case in CASES for rule in case["rules"]
-    }
+    used = {str(rule.get("action", "replace")).lower() for case in CASES for rule in case["rules"]}
     assert used == {a.value for a in Action}
 
 

@@ -17,9 +17,7 @@ from typing import TypeAlias
 
 from opentelemetry.proto.common.v1 import common_pb2
 
-AttrValue: TypeAlias = (
-    str | bool | int | float | bytes | list["AttrValue"] | dict[str, "AttrValue"]
-)
+AttrValue: TypeAlias = str | bool | int | float | bytes | list["AttrValue"] | dict[str, "AttrValue"]
 """A resource attribute value: ``str | bool | int | float | bytes | list[AttrValue] |
 dict[str, AttrValue]`` (the OTLP ``AnyValue`` variants)."""
 

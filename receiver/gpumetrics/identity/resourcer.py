@@ -1,0 +1,372 @@
+"""``ProcessResourcer``: the one code path that turns a pid into its OTLP resource attributes.
+
+Precedence, lowest first (each later tier overwrites the keys it has; ``docs/identity.md``):
+
+1. configuration: ``k8s.node.name`` (in Kubernetes) and ``host.name`` when configured;
+2. procfs/resolver metadata: ``process.owner`` (semconv: recommended; ``process.parent_pid`` is
+   opt-in and not emitted), and the ``k8s.*`` keys a resolver's ``__meta_kubernetes_*`` labels
+   imply;
+3. relabel output labels (only with ``relabel_configs``; :mod:`gpumetrics.identity.labels`);
+4. ``OTEL_RESOURCE_ATTRIBUTES``, then ``OTEL_SERVICE_NAME`` (strict, :mod:`.envparse`);
+5. the OTEP 4719 process-context resource (declared, else read from the ``OTEL_CTX`` mapping);
+6. what the profiler itself sets from its own observation, computed from procfs when not
+   declared: ``container.id`` (cgroup), ``process.executable.path``/``.name``,
+   ``process.creation.time`` (ISO 8601 from the stat start time);
+7. the profiler's own attributes as declared (``container.id``, ``k8s.*``, APM ``service.name``);
+8. always ``process.pid`` (int); and if no tier gave ``service.name``: ``comm``, then the
+   executable basename (parca-agent PR #3230). No ``unknown_service`` is invented.
+
+Tiers 4–7 are the eBPF profiler's order (PR #1343: context over env, then the reporter's own
+values overwrite). A declared field that is empty falls back to our own read of the same thing
+(procfs ``environ``, the ``OTEL_CTX`` mapping).
+
+Results are cached per pid and reused while the live start time, the declaration object and the
+process context's publication timestamp are unchanged and the entry is younger than
+``procfs_ttl_ns`` (``exec`` keeps pid and start time but changes ``comm``/``exe``); a cache hit
+costs one ``stat`` read (plus a 32-byte header read for undeclared processes).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import gpumetrics
+from gpumetrics.identity.attrs import AttrValue
+from gpumetrics.identity.declaration import Declared
+from gpumetrics.identity.declared import DeclaredStore
+from gpumetrics.identity.envparse import SERVICE_NAME, env_resource
+from gpumetrics.identity.labels import labels_to_attributes, meta_to_attributes, process_labels
+from gpumetrics.identity.processctx import ProcessContext, ProcessContextReader
+from gpumetrics.identity.procfs import ProcessInfo, ProcfsReader
+from gpumetrics.identity.relabel import relabel
+from gpumetrics.identity.relabel_config import RelabelConfig, parse_relabel_configs
+
+log = logging.getLogger(__name__)
+
+
+class LabelResolver(Protocol):
+    """Extra relabel input labels for a host pid; the seed's ``LabelResolver``.
+
+    E.g. ``__meta_kubernetes_*`` labels from a kubelet or container-runtime client.
+    """
+
+    def labels_for_pid(self, pid: int) -> Mapping[str, str]:
+        """Return labels for ``pid`` ({} when unknown)."""
+
+
+def iso8601_ns(ns: int) -> str:
+    """Format ns since the Unix epoch as ISO 8601 UTC with milliseconds (semconv example form).
+
+    Examples:
+        >>> iso8601_ns(1_700_560_734_853_000_000)
+        '2023-11-21T09:58:54.853Z'
+
+    """
+    dt = datetime.datetime.fromtimestamp(ns // 1_000_000_000, tz=datetime.UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{ns % 1_000_000_000 // 1_000_000:03d}Z"
+
+
+@dataclass(slots=True)
+class _Cached:
+    start: int | None
+    declared: Declared | None
+    ctx_ts: int | None
+    computed_at_ns: int
+    resource: dict[str, AttrValue] | None  # None: dropped by a relabel rule
+
+
+class ProcessResourcer:
+    """Computes per-process resource attributes (see the module docstring for precedence).
+
+    Args:
+        procfs: reads ``/proc/<pid>`` (and decides whether host pids may be read there).
+        declared: the profiler's declarations, or None (procfs and ``OTEL_CTX`` only).
+        context_reader: reads ``OTEL_CTX`` mappings, or None to never read them.
+        relabel_configs: validated rules; empty = no relabeling (no process is dropped).
+        resolver: extra labels per pid, or None.
+        node_name: the node (``k8s.node.name`` in Kubernetes; parca's ``node`` label).
+        in_kubernetes: whether the node name is a Kubernetes node name.
+        host_name: ``host.name``; defaults to ``node_name`` outside Kubernetes.
+        procfs_ttl_ns: how long procfs-derived values are reused (monotonic ns).
+        cache_size: processes cached (least recently used evicted).
+        clock: monotonic ns clock.
+        empty_service_name_is_set: see :func:`gpumetrics.identity.envparse.env_resource`.
+
+    Thread-safe; procfs is read outside the lock.
+
+    """
+
+    def __init__(
+        self,
+        *,
+        procfs: ProcfsReader,
+        declared: DeclaredStore | None = None,
+        context_reader: ProcessContextReader | None = None,
+        relabel_configs: Sequence[RelabelConfig] = (),
+        resolver: LabelResolver | None = None,
+        node_name: str = "",
+        in_kubernetes: bool = False,
+        host_name: str | None = None,
+        procfs_ttl_ns: int = 60_000_000_000,
+        cache_size: int = 65536,
+        clock: Callable[[], int] = time.monotonic_ns,
+        empty_service_name_is_set: bool = False,
+    ) -> None:
+        self._procfs = procfs
+        self._declared = declared
+        self._ctx = context_reader
+        self._rules = tuple(relabel_configs)
+        self._resolver = resolver
+        self._node = node_name
+        self._in_k8s = in_kubernetes
+        self._host = host_name if host_name is not None else (None if in_kubernetes else node_name)
+        self._ttl = procfs_ttl_ns
+        self._cache_size = cache_size
+        self._clock = clock
+        self._empty_sn = empty_service_name_is_set
+        uname = os.uname()
+        self._system = {
+            "__meta_system_kernel_release": uname.release,
+            "__meta_system_kernel_machine": uname.machine,
+            "__meta_agent_revision": gpumetrics.__version__,
+        }
+        self._cache: OrderedDict[int, _Cached] = OrderedDict()
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+        self._n = dict.fromkeys(
+            ("cache_hits", "cache_misses", "dropped", "env_discarded", "resolver_errors"), 0
+        )
+
+    def stats(self) -> dict[str, int]:
+        """Return the counters.
+
+        ``cache_hits``, ``cache_misses``, ``dropped`` (by relabeling), ``env_discarded``
+        (malformed ``OTEL_*`` variables), ``resolver_errors``, ``cached`` (processes).
+        """
+        with self._lock:
+            return {**self._n, "cached": len(self._cache)}
+
+    def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
+        """Add the resource attributes of ``pid`` to ``attrs``.
+
+        Returns:
+            False when a relabel rule dropped the process (``attrs`` is left unchanged): its
+            points must not be reported.
+
+        """
+        resource = self._resolve(pid)
+        if resource is None:
+            return False
+        attrs.update(resource)
+        return True
+
+    def resource(self, pid: int) -> dict[str, AttrValue] | None:
+        """Return a copy of the resource attributes of ``pid``, or None when dropped."""
+        resource = self._resolve(pid)
+        return None if resource is None else dict(resource)
+
+    def _resolve(self, pid: int) -> dict[str, AttrValue] | None:
+        live = self._procfs.start_time_ticks(pid)
+        declared = self._declared.get(pid, live)[0] if self._declared is not None else None
+        start = live
+        if start is None and declared is not None and declared.start_time_ticks:
+            start = declared.start_time_ticks
+        ctx = self._read_context(pid, live, declared)
+        ctx_ts = ctx.published_at_ns if ctx is not None else None
+        now = self._clock()
+        with self._lock:
+            hit = self._cache.get(pid)
+            if (
+                hit is not None
+                and hit.start == start
+                and hit.declared is declared
+                and hit.ctx_ts == ctx_ts
+                and now - hit.computed_at_ns < self._ttl
+            ):
+                self._cache.move_to_end(pid)
+                self._n["cache_hits"] += 1
+                if hit.resource is None:
+                    self._n["dropped"] += 1
+                return hit.resource
+            self._n["cache_misses"] += 1
+        resource = self._compute(pid, live, start, declared, ctx)
+        with self._lock:
+            if resource is None:
+                self._n["dropped"] += 1
+            self._cache[pid] = _Cached(start, declared, ctx_ts, now, resource)
+            self._cache.move_to_end(pid)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return resource
+
+    def _read_context(
+        self, pid: int, live: int | None, declared: Declared | None
+    ) -> ProcessContext | None:
+        if self._ctx is None or live is None:
+            return None
+        if declared is not None and declared.has_process_context:
+            return None
+        return self._ctx.read(pid, live).context
+
+    def _warn_once(self, kind: str, message: str, *args: object) -> None:
+        with self._lock:
+            first = kind not in self._warned
+            self._warned.add(kind)
+        log.log(logging.WARNING if first else logging.DEBUG, message, *args)
+
+    def _resolver_labels(self, pid: int) -> Mapping[str, str]:
+        if self._resolver is None:
+            return {}
+        try:
+            return self._resolver.labels_for_pid(pid)
+        except Exception as exc:  # noqa: BLE001 - a resolver failure must not stop metrics
+            with self._lock:
+                self._n["resolver_errors"] += 1
+            self._warn_once("resolver", "label resolver failed for pid %d: %s", pid, exc)
+            return {}
+
+    def _compute(
+        self,
+        pid: int,
+        live: int | None,
+        start: int | None,
+        declared: Declared | None,
+        ctx: ProcessContext | None,
+    ) -> dict[str, AttrValue] | None:
+        info: ProcessInfo | None = self._procfs.read(pid) if live is not None else None
+        environ: Mapping[str, bytes] = {}
+        if declared is not None and declared.environment:
+            environ = declared.environment
+        elif info is not None and info.environ:
+            environ = info.environ
+        env = env_resource(environ, empty_service_name_is_set=self._empty_sn)
+        if env.errors:
+            with self._lock:
+                self._n["env_discarded"] += len(env.errors)
+            for err in env.errors:
+                self._warn_once(err.split(":", 1)[0], "pid %d: discarded %s", pid, err)
+        if declared is not None and declared.has_process_context:
+            ctx_resource: Mapping[str, AttrValue] = declared.context_resource
+        else:
+            ctx_resource = ctx.resource if ctx is not None else {}
+        profiler = declared.profiler_attributes if declared is not None else {}
+        resolved = self._resolver_labels(pid)
+        cid = info.container_id if info is not None else None
+
+        relabeled: dict[str, str] = {}
+        if self._rules:
+            labels = process_labels(
+                pid,
+                info,
+                environ,
+                profiler,
+                resolved,
+                node_name=self._node,
+                in_kubernetes=self._in_k8s,
+                system_labels=self._system,
+                container_id=cid,
+            )
+            out = relabel(labels, self._rules)
+            if out is None:
+                return None
+            relabeled = labels_to_attributes(out)
+
+        res: dict[str, AttrValue] = {}
+        if self._in_k8s and self._node:
+            res["k8s.node.name"] = self._node
+        if self._host:
+            res["host.name"] = self._host
+        if info is not None and info.owner:
+            res["process.owner"] = info.owner
+        res.update(meta_to_attributes(resolved))
+        res.update(relabeled)
+        res.update(env.attributes)
+        res.update(ctx_resource)
+        if cid:
+            res["container.id"] = cid
+        if info is not None and info.exe_path:
+            res["process.executable.path"] = info.exe_path
+            if info.exe_name:
+                res["process.executable.name"] = info.exe_name
+        if start is not None:
+            created = self._procfs.creation_time_ns(start)
+            if created is not None:
+                res["process.creation.time"] = iso8601_ns(created)
+        res.update(profiler)
+        res["process.pid"] = pid
+        if SERVICE_NAME not in res:
+            exe_name = res.get("process.executable.name")
+            if info is not None and info.comm:
+                res[SERVICE_NAME] = info.comm
+            elif isinstance(exe_name, str) and exe_name:
+                res[SERVICE_NAME] = exe_name
+        return res
+
+
+def new_process_resourcer(
+    resolver: LabelResolver | None,
+    declared: DeclaredStore | None,
+    node_name: str,
+    in_kubernetes: bool,
+    relabel_configs: Sequence[RelabelConfig] | Sequence[Mapping[str, Any]] | None = None,
+    *,
+    proc_root: str = "/proc",
+    host_pid_namespace: bool | None = None,
+    host_name: str | None = None,
+    read_process_context: bool = True,
+    procfs: ProcfsReader | None = None,
+    context_reader: ProcessContextReader | None = None,
+    **options: Any,
+) -> ProcessResourcer:
+    """Build a :class:`ProcessResourcer` (the seed's ``NewProcessResourcer``).
+
+    Args:
+        resolver: extra labels per pid, or None.
+        declared: the declared store, or None (procfs and ``OTEL_CTX`` only).
+        node_name: node name (``k8s.node.name`` in Kubernetes, else the default ``host.name``).
+        in_kubernetes: whether ``node_name`` is a Kubernetes node.
+        relabel_configs: validated :class:`RelabelConfig` rules, or raw rule mappings (parsed
+            here), or None.
+        proc_root: procfs root (e.g. ``/host/proc``).
+        host_pid_namespace: whether ``proc_root`` shows host pids (None: detect; F15).
+        host_name: ``host.name`` override.
+        read_process_context: read ``OTEL_CTX`` mappings of undeclared processes.
+        procfs: a prepared reader (overrides ``proc_root``/``host_pid_namespace``).
+        context_reader: a prepared ``OTEL_CTX`` reader.
+        **options: passed to :class:`ProcessResourcer` (``procfs_ttl_ns``, ``cache_size``,
+            ``clock``, ``empty_service_name_is_set``).
+
+    Raises:
+        gpumetrics.identity.relabel_config.RelabelConfigError: an invalid raw rule.
+
+    """
+    rules: tuple[RelabelConfig, ...] = ()
+    if relabel_configs:
+        items = list(relabel_configs)
+        rules = (
+            tuple(items)  # type: ignore[arg-type]
+            if all(isinstance(r, RelabelConfig) for r in items)
+            else parse_relabel_configs(items)
+        )
+    reader = procfs or ProcfsReader(proc_root, host_pid_namespace=host_pid_namespace)
+    if context_reader is None and read_process_context:
+        context_reader = ProcessContextReader(reader.proc_root)
+    return ProcessResourcer(
+        procfs=reader,
+        declared=declared,
+        context_reader=context_reader,
+        relabel_configs=rules,
+        resolver=resolver,
+        node_name=node_name,
+        in_kubernetes=in_kubernetes,
+        host_name=host_name,
+        **options,
+    )
