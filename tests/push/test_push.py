@@ -227,7 +227,7 @@ def test_an_unreachable_collector_does_not_hold_shutdown():
 @pytest.mark.parametrize(
     ("settings", "field"),
     [
-        ({"cert_file": "c.pem"}, "cert_file and key_file"),
+        ({"cert_file": "c.pem"}, "cert_file: must be set together with key_file"),
         ({"insecure": True, "ca_file": "ca.pem"}, "insecure"),
         ({"compression": "zstd"}, "compression"),
         ({"timeout_s": 0}, "timeout_s"),

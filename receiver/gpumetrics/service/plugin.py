@@ -229,8 +229,9 @@ class PluginListener:
             self.private_dir = None
 
 
-AddPort = Callable[[str], int]
-"""``grpc.Server.add_insecure_port``-like: bind an address, return the port, raise on failure."""
+AddPort = Callable[[str], "int | str"]
+"""Bind one gRPC address now and return the bound port (``grpc.Server.add_insecure_port``) or the
+dialable address (``SidecarServer.add_listener``); raise ``RuntimeError`` when the bind fails."""
 
 
 def bind_unix(add_port: AddPort, env: PluginEnvironment) -> PluginListener:
@@ -274,6 +275,8 @@ def bind_tcp(add_port: AddPort, env: PluginEnvironment) -> PluginListener:
             bound = add_port(f"127.0.0.1:{port}")
         except RuntimeError:
             continue
+        if isinstance(bound, str):
+            return PluginListener("tcp", bound)
         if bound:
             return PluginListener("tcp", f"127.0.0.1:{bound}")
     raise PluginError(

@@ -35,10 +35,11 @@ from typing import Any, Literal, Protocol
 
 import grpc
 from google.rpc import error_details_pb2
-from gpumetrics.logs import LogOnce
-from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gpumetrics.logs import LogOnce
+from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -101,16 +102,16 @@ class PushSettings(BaseModel):
     key_file: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     compression: Literal["none", "gzip"] = "none"
-    timeout_s: float = Field(10.0, gt=0)
-    interval_s: float = Field(10.0, gt=0)
-    initial_backoff_s: float = Field(1.0, gt=0)
-    max_points_per_export: int = Field(50_000, gt=0)
-    max_bytes_per_export: int = Field(3_670_016, gt=0)
+    timeout_s: float = Field(default=10.0, gt=0)
+    interval_s: float = Field(default=10.0, gt=0)
+    initial_backoff_s: float = Field(default=1.0, gt=0)
+    max_points_per_export: int = Field(default=50_000, gt=0)
+    max_bytes_per_export: int = Field(default=3_670_016, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> PushSettings:
         if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file must be set together")
+            raise ValueError("cert_file: must be set together with key_file")
         if self.insecure and (self.ca_file or self.cert_file):
             raise ValueError("insecure: cannot be combined with ca_file/cert_file/key_file")
         if self.endpoint is not None and not self.endpoint.strip():

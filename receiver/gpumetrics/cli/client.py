@@ -1,0 +1,261 @@
+"""Client side of the CLI: ``pull``, ``declare`` and ``count-gpus``.
+
+Each command returns an exit code (see :mod:`gpumetrics.cli`) and raises :class:`CommandError`
+for a failure the user should read as one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import grpc
+from google.protobuf import json_format
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.resource.v1 import resource_pb2
+
+from gpumetrics.identity.procfs import parse_stat
+from gpumetrics.metrics import CountNVIDIAGPUs
+from gpumetrics.v1 import profiler_pb2, profiler_pb2_grpc, pull_pb2, pull_pb2_grpc
+
+__all__ = [
+    "EXIT_OK",
+    "EXIT_FAILURE",
+    "EXIT_REJECTED",
+    "CommandError",
+    "cmd_count_gpus",
+    "cmd_declare",
+    "cmd_pull",
+    "open_channel",
+    "parse_pairs",
+    "render_json",
+    "render_text",
+]
+
+EXIT_OK = 0
+"""Success."""
+EXIT_FAILURE = 1
+"""The command failed (unreachable server, RPC error, unreadable file)."""
+EXIT_REJECTED = 3
+"""``declare``: the server answered, but rejected at least one entry."""
+
+
+class CommandError(Exception):
+    """A failure reported as one line on stderr with exit code ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _read(path: str | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise CommandError(f"{what} {path}: {exc.strerror or exc}") from None
+
+
+def target_of(address: str) -> str:
+    """Return the gRPC target for ``address`` (``host:port``, ``unix:/path``, or a bare path).
+
+    >>> target_of("/run/gpumetrics.sock")
+    'unix:/run/gpumetrics.sock'
+    """
+    return "unix:" + address if address.startswith("/") else address
+
+
+def open_channel(args: argparse.Namespace) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]]:
+    """Open the channel for ``args.address`` with the TLS flags; return it and the call metadata.
+
+    TLS is used when ``--tls``, ``--ca-file`` or ``--cert-file`` is given; ``--token-file``
+    adds ``authorization: Bearer <token>``.
+
+    Raises:
+        CommandError: unreadable certificate or token file, or an incomplete client key pair.
+
+    """
+    target = target_of(args.address)
+    options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", -1)]
+    if bool(args.cert_file) != bool(args.key_file):
+        raise CommandError("--cert-file and --key-file must be given together", 2)
+    if args.tls or args.ca_file or args.cert_file:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=_read(args.ca_file, "--ca-file"),
+            private_key=_read(args.key_file, "--key-file"),
+            certificate_chain=_read(args.cert_file, "--cert-file"),
+        )
+        if args.server_name:
+            options.append(("grpc.ssl_target_name_override", args.server_name))
+        channel = grpc.secure_channel(target, creds, options=options)
+    else:
+        channel = grpc.insecure_channel(target, options=options)
+    metadata: tuple[tuple[str, str], ...] = ()
+    token = _read(args.token_file, "--token-file")
+    if token is not None:
+        text = token.decode("utf-8", "replace").strip()
+        if not text:
+            raise CommandError(f"--token-file {args.token_file}: the file is empty")
+        metadata = (("authorization", f"Bearer {text}"),)
+    return channel, metadata
+
+
+def _rpc_error(what: str, address: str, err: grpc.RpcError) -> CommandError:
+    code = err.code() if callable(getattr(err, "code", None)) else None
+    details = err.details() if callable(getattr(err, "details", None)) else str(err)
+    name = code.name if code is not None else "ERROR"
+    return CommandError(f"{what} {address}: {name}: {details}")
+
+
+def render_json(request: metrics_service_pb2.ExportMetricsServiceRequest) -> str:
+    """OTLP/JSON of ``request``: protobuf's JSON mapping, camelCase names, enums as integers."""
+    return str(json_format.MessageToJson(request, use_integers_for_enums=True, indent=2))
+
+
+def _value(any_value: common_pb2.AnyValue) -> Any:
+    kind = any_value.WhichOneof("value")
+    return getattr(any_value, kind) if kind else None
+
+
+def render_text(response: pull_pb2.PullResponse, request: Any) -> str:
+    """Summarise one pull for humans: cursor facts, then each resource and its metrics."""
+    lines = [
+        f"epoch {response.epoch}  batches {response.first_sequence}..{response.last_sequence}  "
+        f"points {response.data_points}  more {str(response.more).lower()}  "
+        f"dropped {response.dropped_data_points} (total {response.dropped_data_points_total})"
+        + (f" [{', '.join(response.drop_reasons)}]" if response.drop_reasons else "")
+    ]
+    for rm in request.resource_metrics:
+        attrs = ", ".join(f"{kv.key}={_value(kv.value)!r}" for kv in rm.resource.attributes)
+        lines.append(f"resource {{{attrs}}}")
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                kind = metric.WhichOneof("data")
+                points = getattr(metric, kind).data_points if kind else []
+                values = [p.as_double if p.HasField("as_double") else p.as_int for p in points]
+                shown = ", ".join(f"{v:g}" for v in values[:8]) + (" …" if len(values) > 8 else "")
+                unit = f" {metric.unit}" if metric.unit else ""
+                lines.append(f"  {metric.name} [{sm.scope.name}] {kind}: {shown}{unit}")
+    return "\n".join(lines)
+
+
+def cmd_pull(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """One pull from ``args.address``; print it; acknowledge it unless ``--no-ack``."""
+    out = out if out is not None else sys.stdout
+    channel, metadata = open_channel(args)
+    with channel:
+        stub = pull_pb2_grpc.MetricsPullServiceStub(channel)  # type: ignore[no-untyped-call]
+        request = pull_pb2.PullRequest(
+            consumer=args.consumer, max_data_points=args.max_points, max_bytes=args.max_bytes
+        )
+        try:
+            response = stub.Pull(request, timeout=args.timeout, metadata=metadata)
+        except grpc.RpcError as err:
+            raise _rpc_error("pull", args.address, err) from None
+        otlp = metrics_service_pb2.ExportMetricsServiceRequest.FromString(
+            response.export_metrics_service_request
+        )
+        print(render_json(otlp) if args.format == "json" else render_text(response, otlp), file=out)
+        out.flush()
+        if not args.no_ack and response.last_sequence:
+            ack = pull_pb2.PullRequest(
+                consumer=args.consumer,
+                ack_sequence=response.last_sequence,
+                ack_epoch=response.epoch,
+                ack_only=True,
+            )
+            try:
+                stub.Pull(ack, timeout=args.timeout, metadata=metadata)
+            except grpc.RpcError as err:
+                raise _rpc_error("acknowledging the pull from", args.address, err) from None
+    return EXIT_OK
+
+
+def parse_pairs(items: Sequence[str], flag: str) -> list[tuple[str, str]]:
+    """Split ``K=V`` items on the first ``=``.
+
+    Raises:
+        CommandError: (exit 2) an item without ``=`` or with an empty key, naming the flag.
+
+    """
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CommandError(f"{flag} {item!r}: expected KEY=VALUE", 2)
+        pairs.append((key, value))
+    return pairs
+
+
+def start_time_ticks(pid: int, proc_root: str) -> int:
+    """Field 22 of ``<proc_root>/<pid>/stat`` (clock ticks since boot).
+
+    Raises:
+        CommandError: the file is unreadable or malformed.
+
+    """
+    path = os.path.join(proc_root, str(pid), "stat")
+    data = _read(path, "--start-time-ticks not given and cannot read")
+    stat = parse_stat((data or b"").decode("utf-8", "replace"))
+    if stat is None:
+        raise CommandError(f"{path}: malformed stat line; pass --start-time-ticks")
+    return stat.start_time_ticks
+
+
+def build_declaration(args: argparse.Namespace) -> profiler_pb2.ProcessDeclaration:
+    """Build the ``ProcessDeclaration`` the ``declare`` flags describe."""
+    ticks = args.start_time_ticks
+    if ticks is None:
+        ticks = start_time_ticks(args.pid, args.proc_root)
+    decl = profiler_pb2.ProcessDeclaration(pid=args.pid, start_time_ticks=ticks)
+    for key, value in parse_pairs(args.env, "--env"):
+        decl.environment.add(name=key, value=value.encode("utf-8"))
+    attrs = parse_pairs(args.attr, "--attr")
+    if attrs:
+        resource = resource_pb2.Resource()
+        for key, value in attrs:
+            resource.attributes.add(key=key, value=common_pb2.AnyValue(string_value=value))
+        decl.profiler_resource = resource.SerializeToString()
+    context = _read(args.process_context_file, "--process-context-file")
+    if context is not None:
+        decl.process_context = context
+    return decl
+
+
+def cmd_declare(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Declare one process; print what was accepted and each rejection; exit 3 on rejections."""
+    out = out if out is not None else sys.stdout
+    if args.pid <= 0:
+        raise CommandError(f"--pid {args.pid}: must be a positive process id", 2)
+    request = profiler_pb2.DeclareProcessesRequest(processes=[build_declaration(args)])
+    channel, metadata = open_channel(args)
+    with channel:
+        stub = profiler_pb2_grpc.ProfilerIntegrationServiceStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            response = stub.DeclareProcesses(request, timeout=args.timeout, metadata=metadata)
+        except grpc.RpcError as err:
+            raise _rpc_error("declare to", args.address, err) from None
+    if args.format == "json":
+        print(json.dumps(json_format.MessageToDict(response), indent=2), file=out)
+    else:
+        print(f"accepted {response.accepted}", file=out)
+        for r in response.rejected:
+            print(f"rejected pid {r.pid}: {r.field}: {r.reason}", file=out)
+    return EXIT_REJECTED if response.rejected else EXIT_OK
+
+
+def cmd_count_gpus(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Print the number of GPUs the NVIDIA kernel driver bound (``CountNVIDIAGPUs``)."""
+    out = out if out is not None else sys.stdout
+    try:
+        print(CountNVIDIAGPUs(args.proc_root), file=out)
+    except OSError as exc:
+        raise CommandError(f"--proc-root {args.proc_root}: {exc.strerror or exc}") from None
+    return EXIT_OK

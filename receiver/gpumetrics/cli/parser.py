@@ -1,0 +1,177 @@
+"""The ``gpumetrics`` argument parser and the map from ``serve`` flags to configuration paths."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import gpumetrics
+
+__all__ = ["SERVE_FLAGS", "build_parser", "serve_overrides"]
+
+SERVE_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("--listen", "server.listen", {"metavar": "ADDR", "action": "append",
+     "help": "main listener, host:port or unix:/path (repeatable; default 127.0.0.1:4319)"}),
+    ("--profiler-listen", "server.profiler_listen", {"metavar": "ADDR", "action": "append",
+     "help": "separate listener for the profiler service (repeatable)"}),
+    ("--health-listen", "server.health_listen", {"metavar": "ADDR",
+     "help": "plaintext listener for gRPC health only"}),
+    ("--pull-token-file", "server.pull_token_file", {"metavar": "FILE",
+     "help": "bearer tokens allowed to pull"}),
+    ("--declare-token-file", "server.declare_token_file", {"metavar": "FILE",
+     "help": "bearer tokens allowed to declare"}),
+    ("--tls-cert-file", "server.tls_cert_file", {"metavar": "FILE",
+     "help": "server certificate chain (PEM)"}),
+    ("--tls-key-file", "server.tls_key_file", {"metavar": "FILE", "help": "server key (PEM)"}),
+    ("--tls-client-ca-file", "server.tls_client_ca_file", {"metavar": "FILE",
+     "help": "require client certificates signed by these roots (mTLS)"}),
+    ("--push-endpoint", "push.endpoint", {"metavar": "ADDR",
+     "help": "also push to this OTLP/gRPC collector"}),
+    ("--node-name", "identity.node_name", {"metavar": "NAME", "help": "default: uname -n"}),
+    ("--proc-root", "identity.proc_root", {"metavar": "DIR", "help": "default /proc"}),
+    ("--relabel-config", "identity.relabel_config", {"metavar": "FILE",
+     "help": "YAML relabel rules"}),
+    ("--batch-interval", "runtime.batch_interval_s", {"metavar": "SECONDS", "type": float,
+     "help": "seconds between store batches (default 10)"}),
+    ("--collection-interval", "collection.interval_s", {"metavar": "SECONDS", "type": float,
+     "help": "NVML sampling interval (default 1)"}),
+    ("--plugin-transport", "plugin.transport", {"choices": ["unix", "tcp"],
+     "help": "go-plugin listener (default unix)"}),
+    ("--log-level", "log.level", {"choices": ["debug", "info", "warn", "error"],
+     "help": "default info"}),
+    ("--log-format", "log.format", {"choices": ["auto", "json", "text"],
+     "help": "default auto (json in plugin mode)"}),
+)  # fmt: skip
+"""``(flag, dotted config path, argparse options)`` of every ``serve`` flag that sets a setting."""
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def serve_overrides(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
+    """``{dotted_path: (flag, value)}`` for the ``serve`` flags actually given."""
+    out: dict[str, tuple[str, Any]] = {}
+    for flag, path, _ in SERVE_FLAGS:
+        value = getattr(args, _dest(flag), None)
+        if value is not None:
+            out[path] = (flag, value)
+    if getattr(args, "simulate", None) is not None:
+        out["runtime.simulate"] = ("--simulate", args.simulate)
+    if getattr(args, "push_insecure", False):
+        out["push.insecure"] = ("--push-insecure", True)
+    return out
+
+
+def _client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "address", metavar="ADDR", help="sidecar address: host:port, unix:/path or /path"
+    )
+    p.add_argument("--token-file", metavar="FILE", help="send the bearer token in FILE")
+    p.add_argument("--tls", action="store_true", help="use TLS with the system roots")
+    p.add_argument("--ca-file", metavar="FILE", help="use TLS, trusting these roots (PEM)")
+    p.add_argument("--cert-file", metavar="FILE", help="client certificate for mTLS (PEM)")
+    p.add_argument("--key-file", metavar="FILE", help="client key for mTLS (PEM)")
+    p.add_argument("--server-name", metavar="NAME", help="TLS server name to verify")
+    p.add_argument(
+        "--timeout", type=float, default=10.0, metavar="SECONDS", help="RPC deadline (default 10)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the whole command line (``serve``, ``pull``, ``declare``, ``count-gpus``)."""
+    parser = argparse.ArgumentParser(
+        prog="gpumetrics",
+        description="NVIDIA GPU metrics as OTLP over a gRPC pull endpoint.",
+        epilog="Exit codes: 0 ok; 1 failure; 2 usage or configuration error; "
+        "3 declare: entries rejected, serve: NVML library/driver mismatch (restart me).",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"gpumetrics {gpumetrics.__version__}"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the sidecar",
+        description="Run the sidecar. "
+        "Precedence: flags > GPUMETRICS_* variables > --config file > defaults.",
+    )
+    serve.add_argument(
+        "--config", metavar="FILE", help="YAML configuration file ($GPUMETRICS_CONFIG)"
+    )
+    serve.add_argument(
+        "--simulate",
+        nargs="?",
+        const="default",
+        metavar="PROFILE|FILE",
+        help="run on the simulated NVML driver (no argument: the default profile)",
+    )
+    serve.add_argument("--push-insecure", action="store_true", help="push in plaintext")
+    serve.add_argument(
+        "--plugin",
+        action="store_true",
+        help="require go-plugin mode (fails unless started by the go-plugin host)",
+    )
+    for flag, _, options in SERVE_FLAGS:
+        serve.add_argument(flag, **options)
+
+    pull = sub.add_parser(
+        "pull",
+        help="pull once and print",
+        description="Pull once and print "
+        "the ExportMetricsServiceRequest; acknowledge it unless --no-ack.",
+    )
+    _client_flags(pull)
+    pull.add_argument(
+        "--format", choices=["json", "text"], default="json", help="json = OTLP/JSON (default)"
+    )
+    pull.add_argument("--consumer", default="cli", help="consumer name (default cli)")
+    pull.add_argument("--no-ack", action="store_true", help="do not acknowledge what was pulled")
+    pull.add_argument(
+        "--max-points",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cap on data points (0 = server default)",
+    )
+    pull.add_argument(
+        "--max-bytes", type=int, default=0, metavar="N", help="cap on bytes (0 = server default)"
+    )
+
+    declare = sub.add_parser(
+        "declare",
+        help="declare one process's identity",
+        description="Declare one process to the profiler-integration service.",
+    )
+    _client_flags(declare)
+    declare.add_argument("--pid", type=int, required=True, help="process id")
+    declare.add_argument(
+        "--start-time-ticks",
+        type=int,
+        metavar="TICKS",
+        help="field 22 of /proc/PID/stat (default: read it)",
+    )
+    declare.add_argument(
+        "--proc-root", default="/proc", metavar="DIR", help="where to read PID's stat"
+    )
+    declare.add_argument(
+        "--env", action="append", default=[], metavar="K=V", help="captured OTEL_* variable"
+    )
+    declare.add_argument(
+        "--attr",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="attribute the profiler puts on the process's profiles",
+    )
+    declare.add_argument(
+        "--process-context-file", metavar="FILE", help="serialized OTEP 4719 ProcessContext payload"
+    )
+    declare.add_argument("--format", choices=["json", "text"], default="text", help="default text")
+
+    count = sub.add_parser("count-gpus", help="count GPUs bound by the NVIDIA driver (no NVML)")
+    count.add_argument(
+        "--proc-root", default="/proc", metavar="DIR", help="procfs root (default /proc)"
+    )
+    return parser

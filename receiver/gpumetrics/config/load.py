@@ -1,0 +1,162 @@
+"""Load the configuration: defaults < YAML file < ``GPUMETRICS_*`` variables < command-line flags.
+
+:func:`load_config` merges the layers into one mapping, validates it once with
+:class:`~gpumetrics.config.model.SidecarConfig`, and turns every failure into a
+:class:`ConfigError` whose lines quote the setting's dotted path and say where the value came
+from::
+
+    'runtime.batch_interval_s' (from GPUMETRICS_BATCH_INTERVAL_S='soon'): Input should be a ...
+    'store.max_bytes' (from flag --store-max-bytes): Input should be greater than 0
+    'push.cert_file' (from /etc/gpumetrics.yaml): must be set together with key_file
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from gpumetrics.config.env import GPUMETRICS_CONFIG, env_overrides
+from gpumetrics.config.model import SidecarConfig
+
+__all__ = ["ConfigError", "format_validation_error", "load_config", "read_config_file"]
+
+_FIELD_PREFIX = re.compile(
+    r"^'?([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])*(?:\.[A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])*)*)'?: (.*)$",
+    re.S,
+)
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; ``errors`` has one line per problem, naming the setting."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = list(errors)
+        super().__init__("; ".join(self.errors))
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """Parse the YAML file at ``path`` into a mapping (an empty file is ``{}``).
+
+    Raises:
+        ConfigError: unreadable file, YAML syntax error (with line and column), or a top level
+            that is not a mapping.
+
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise ConfigError([f"config file {path}: {exc.strerror or exc}"]) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"config file {path}:{where}: {problem}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"config file {path}: the top level must be a mapping of sections"])
+    return data
+
+
+def _set_path(tree: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[parts[-1]] = value
+
+
+def _loc_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def format_validation_error(
+    error: ValidationError,
+    sources: Mapping[str, str] | None = None,
+    default_source: str | None = None,
+) -> list[str]:
+    """One line per pydantic error: ``'dotted.path' (from SOURCE): message``.
+
+    ``sources`` maps dotted paths to where their value came from (a variable with its value, a
+    flag); others get ``default_source`` (the file) when given. A message of the form
+    ``field: text`` raised by a model validator is attached to that field's path.
+    """
+    lines = []
+    for err in error.errors():
+        msg = str(err.get("msg", ""))
+        for prefix in ("Value error, ", "Assertion failed, "):
+            if msg.startswith(prefix):
+                msg = msg[len(prefix) :]
+        path = _loc_path(tuple(err.get("loc", ())))
+        match = _FIELD_PREFIX.match(msg)
+        if match:
+            field = match.group(1)
+            if not (path == field or path.endswith("." + field)):
+                path = f"{path}.{field}" if path else field
+            msg = match.group(2)
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown setting"
+        source = _source_of(path, sources or {}) or default_source
+        lines.append(f"'{path}'" + (f" (from {source})" if source else "") + f": {msg}")
+    return lines
+
+
+def _source_of(path: str, sources: Mapping[str, str]) -> str | None:
+    best = None
+    for key, source in sources.items():
+        if path == key or path.startswith(key + ".") or path.startswith(key + "["):
+            if best is None or len(key) > len(best[0]):
+                best = (key, source)
+    return best[1] if best else None
+
+
+def load_config(
+    path: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, tuple[str, Any]] | None = None,
+) -> SidecarConfig:
+    """Build the validated configuration from its layers.
+
+    Args:
+        path: YAML file; None = ``$GPUMETRICS_CONFIG`` if set, else no file.
+        environ: environment (default ``os.environ``); only the bound ``GPUMETRICS_*`` are read.
+        flags: ``{dotted_path: (flag_name, value)}`` from the command line (highest precedence).
+
+    Raises:
+        ConfigError: every problem found, each line naming the setting and its source.
+
+    """
+    env = os.environ if environ is None else environ
+    if path is None:
+        path = env.get(GPUMETRICS_CONFIG) or None
+    tree: dict[str, Any] = read_config_file(path) if path is not None else {}
+    sources: dict[str, str] = {}
+    try:
+        overrides = env_overrides(env)
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
+    for key, (name, value) in overrides.items():
+        _set_path(tree, key, value)
+        sources[key] = f"{name}={env[name]!r}"
+    for key, (flag, value) in (flags or {}).items():
+        _set_path(tree, key, value)
+        sources[key] = f"flag {flag}"
+    try:
+        return SidecarConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, sources, path)) from None

@@ -1,0 +1,263 @@
+"""The sidecar's configuration model: one validated pydantic tree, every default in one place.
+
+Sections and who defines them:
+
+* ``server``: :class:`gpumetrics.service.server.ServerSettings` (listeners, TLS, tokens, limits);
+* ``store``: :class:`StoreSettings`, mirroring :class:`gpumetrics.store.StoreLimits`;
+* ``collection``: :class:`gpumetrics.nvml.settings.CollectionSettings`;
+* ``identity``: :class:`IdentitySettings` (procfs root, node, relabel rules, declared-store limits);
+* ``push``: :class:`gpumetrics.service.push.PushSettings`;
+* ``runtime``, ``plugin``, ``log``: defined here.
+
+Every model forbids unknown keys. :func:`default_config` is the one factory of defaults;
+``docs/configuration.md`` lists every setting and ``examples/gpumetrics.yaml`` spells the
+defaults out (a test checks the example equals :func:`default_config`).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gpumetrics.identity.declared import DeclaredStore
+from gpumetrics.nvml.settings import CollectionSettings
+from gpumetrics.service.push import PushSettings
+from gpumetrics.service.settings import ServerSettings
+from gpumetrics.store import StoreLimits
+from gpumetrics.store import limits as _limits
+
+__all__ = [
+    "DeclaredLimits",
+    "IdentitySettings",
+    "LogSettings",
+    "PluginSettings",
+    "PluginTransport",
+    "RuntimeSettings",
+    "SidecarConfig",
+    "StoreSettings",
+    "default_config",
+]
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreSettings(BaseModel):
+    """Batch store bounds (``store``); defaults and sizing from :mod:`gpumetrics.store.limits`.
+
+    Attributes:
+        max_bytes: serialized bytes held (By), default 96 MiB.
+        max_data_points: data points held, default 500,000.
+        max_age_s: oldest batch kept (s), default 900.
+        consumer_ttl_s: a consumer silent this long (s) stops pinning data, default 300.
+        max_consumers: consumers at once (pull consumers plus ``push``), default 16.
+
+    """
+
+    model_config = _STRICT
+
+    max_bytes: int = Field(default=_limits.DEFAULT_MAX_BYTES, gt=0)
+    max_data_points: int = Field(default=_limits.DEFAULT_MAX_DATA_POINTS, gt=0)
+    max_age_s: float = Field(default=_limits.DEFAULT_MAX_AGE_S, gt=0)
+    consumer_ttl_s: float = Field(default=_limits.DEFAULT_CONSUMER_TTL_S, gt=0)
+    max_consumers: int = Field(default=_limits.DEFAULT_MAX_CONSUMERS, gt=0)
+
+    def limits(self) -> StoreLimits:
+        """Return the :class:`~gpumetrics.store.StoreLimits` these settings describe."""
+        return StoreLimits(**self.model_dump())
+
+
+def _declared_default(name: str) -> int:
+    import inspect
+
+    default = inspect.signature(DeclaredStore.__init__).parameters[name].default
+    assert isinstance(default, int)
+    return default
+
+
+class DeclaredLimits(BaseModel):
+    """Limits of the declared-process store (``identity.declared``); defaults are DeclaredStore's.
+
+    Attributes:
+        max_processes: processes held at once.
+        max_process_context_bytes: largest OTEP 4719 process-context payload (By).
+        max_environment_bytes: largest sum of captured environment names and values (By).
+        max_profiler_resource_bytes: largest profiler-supplied resource (By).
+
+    """
+
+    model_config = _STRICT
+
+    max_processes: int = Field(default=_declared_default("max_processes"), ge=1)
+    max_process_context_bytes: int = Field(
+        default=_declared_default("max_process_context_bytes"), ge=1
+    )
+    max_environment_bytes: int = Field(default=_declared_default("max_environment_bytes"), ge=1)
+    max_profiler_resource_bytes: int = Field(
+        default=_declared_default("max_profiler_resource_bytes"), ge=1
+    )
+
+
+class IdentitySettings(BaseModel):
+    """How per-process resources are built (``identity``).
+
+    Attributes:
+        proc_root: procfs root; ``/host/proc`` when the host's /proc is mounted into a container.
+            Also used by the collectors (``pid_max``) and ``count-gpus``.
+        node_name: node name (``k8s.node.name`` in Kubernetes, else ``host.name``); None = the
+            kernel's node name (``uname -n``).
+        in_kubernetes: whether ``node_name`` is a Kubernetes node; None = detect from
+            ``KUBERNETES_SERVICE_HOST``.
+        host_name: ``host.name`` override; None = ``node_name`` outside Kubernetes.
+        host_pid_namespace: whether ``proc_root`` shows host pids; None = detect.
+        relabel_config: path of a YAML file of parca-agent relabel rules; None = no rules.
+        read_process_context: read undeclared processes' OTEP 4719 ``OTEL_CTX`` mappings.
+        declared: limits of the declared-process store.
+
+    """
+
+    model_config = _STRICT
+
+    proc_root: str = "/proc"
+    node_name: str | None = None
+    in_kubernetes: bool | None = None
+    host_name: str | None = None
+    host_pid_namespace: bool | None = None
+    relabel_config: str | None = None
+    read_process_context: bool = True
+    declared: DeclaredLimits = Field(default_factory=lambda: DeclaredLimits())
+
+    @field_validator("proc_root")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"must be an absolute path, got {value!r}")
+        return value
+
+    @field_validator("node_name", "relabel_config")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty (leave it unset for the default)")
+        return value
+
+
+class RuntimeSettings(BaseModel):
+    """The sidecar runtime (``runtime``).
+
+    Attributes:
+        batch_interval_s: how often (s) the producer's content becomes one store batch
+            (default 10, the store's sizing assumption).
+        shutdown_timeout_s: the most a graceful shutdown may take (s) outside plugin mode.
+        simulate: run on the simulated NVML driver: a built-in profile name or a scenario file
+            path; ``default`` = the simulator's default profile; None = the real driver.
+
+    """
+
+    model_config = _STRICT
+
+    batch_interval_s: float = Field(default=10.0, gt=0, le=3600)
+    shutdown_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    simulate: str | None = None
+
+    @field_validator("simulate")
+    @classmethod
+    def _simulate_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must be a profile name or a scenario file (or unset)")
+        return value
+
+
+class PluginTransport(enum.StrEnum):
+    """Listener of go-plugin mode."""
+
+    UNIX = "unix"
+    TCP = "tcp"
+
+
+class PluginSettings(BaseModel):
+    """go-plugin mode (``plugin``); used only when the host's magic cookie is present.
+
+    Attributes:
+        transport: ``unix`` (a socket in a private directory) or ``tcp`` (127.0.0.1 within
+            ``PLUGIN_MIN_PORT..PLUGIN_MAX_PORT``).
+        shutdown_timeout_s: the most shutdown may take after ``GRPCController/Shutdown`` (s);
+            go-plugin kills the plugin 2 s after asking.
+        parent_check_interval_s: how often (s) the parent pid is checked.
+
+    """
+
+    model_config = _STRICT
+
+    transport: PluginTransport = PluginTransport.UNIX
+    shutdown_timeout_s: float = Field(default=1.5, gt=0, lt=2.0)
+    parent_check_interval_s: float = Field(default=1.0, gt=0, le=60)
+
+
+class LogFormatSetting(enum.StrEnum):
+    """``log.format``: ``auto`` is ``json`` in plugin mode and ``text`` otherwise."""
+
+    AUTO = "auto"
+    JSON = "json"
+    TEXT = "text"
+
+
+class LogSettings(BaseModel):
+    """Logging (``log``): records go to stderr.
+
+    Attributes:
+        level: ``debug``, ``info``, ``warn`` or ``error``.
+        format: ``auto``, ``json`` (hclog-compatible) or ``text``.
+
+    """
+
+    model_config = _STRICT
+
+    level: str = "info"
+    format: LogFormatSetting = LogFormatSetting.AUTO
+
+    @field_validator("level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        allowed = ("debug", "info", "warn", "warning", "error")
+        if value.lower() not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}, got {value!r}")
+        return value.lower()
+
+
+class SidecarConfig(BaseModel):
+    """The whole sidecar configuration (see the module docstring for the sections)."""
+
+    model_config = _STRICT
+
+    server: ServerSettings = Field(default_factory=lambda: ServerSettings())
+    store: StoreSettings = Field(default_factory=lambda: StoreSettings())
+    collection: CollectionSettings = Field(default_factory=lambda: CollectionSettings())
+    identity: IdentitySettings = Field(default_factory=lambda: IdentitySettings())
+    push: PushSettings = Field(default_factory=lambda: PushSettings())
+    runtime: RuntimeSettings = Field(default_factory=lambda: RuntimeSettings())
+    plugin: PluginSettings = Field(default_factory=lambda: PluginSettings())
+    log: LogSettings = Field(default_factory=lambda: LogSettings())
+
+    @model_validator(mode="after")
+    def _one_proc_root(self) -> SidecarConfig:
+        collection_root = self.collection.proc_root
+        if (
+            "proc_root" in self.collection.model_fields_set
+            and collection_root != self.identity.proc_root
+        ):
+            raise ValueError(
+                "collection.proc_root: set identity.proc_root instead (one procfs root for all)"
+            )
+        if collection_root != self.identity.proc_root:
+            object.__setattr__(
+                self,
+                "collection",
+                self.collection.model_copy(update={"proc_root": self.identity.proc_root}),
+            )
+        return self
+
+
+def default_config() -> SidecarConfig:
+    """Return the configuration with every default (the one factory of defaults)."""
+    return SidecarConfig()

@@ -1,0 +1,296 @@
+"""The sidecar runtime: builds and wires collector → producer → batcher → store → server (+ push).
+
+Start order (``docs/architecture.md``, runtime contracts): the simulated driver is installed
+first when asked; then the server starts listening (health ``""`` NOT_SERVING), the collector
+starts (NVML init retried in the background), the batcher starts, and push starts. Health turns
+SERVING after the first batch that follows ``Collector.ready``.
+
+Shutdown order (:meth:`Sidecar.shutdown`), all inside one time budget: health NOT_SERVING and the
+server stops accepting (calls in flight get a short grace); the batcher stops; the collector
+stops (its workers are joined before it calls ``nvmlShutdown``, exactly once); one last batch
+takes what was recorded since; push flushes it; done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpumetrics.config import ConfigError, SidecarConfig
+from gpumetrics.identity import (
+    DeclaredStore,
+    ProcfsReader,
+    load_relabel_configs,
+    new_process_resourcer,
+)
+from gpumetrics.metrics import Producer
+from gpumetrics.runtime.batcher import Batcher
+from gpumetrics.selftelemetry import Telemetry
+from gpumetrics.service import ServerSettings, SidecarHealth, SidecarServer
+from gpumetrics.service.push import PushExporter
+from gpumetrics.store import BatchStore
+
+__all__ = ["CollectorLike", "Sidecar", "SidecarParts", "default_collector_factory"]
+
+log = logging.getLogger(__name__)
+
+
+class CollectorLike(Protocol):
+    """What the runtime needs of ``gpumetrics.nvml.collector.Collector``.
+
+    Optionally also ``exit_requested: threading.Event`` and ``exit_code: int | None``: the
+    collector asks the process to exit non-zero (NVML library/driver mismatch, F12).
+    """
+
+    ready: threading.Event
+
+    def start(self) -> None:
+        """Start collecting; return at once."""
+
+    def stop(self, timeout_s: float = ...) -> object:
+        """Stop scheduling, join the workers, then ``nvmlShutdown`` once."""
+
+
+CollectorFactory = Callable[[Producer, Any, Telemetry], CollectorLike]
+"""``(producer, CollectionSettings, telemetry) -> collector``."""
+
+
+def default_collector_factory(
+    producer: Producer, settings: Any, telemetry: Telemetry
+) -> CollectorLike:
+    """Build the real NVML collector (imported lazily: only ``serve`` needs ``pynvml``)."""
+    from gpumetrics.nvml.collector import Collector
+
+    collector: CollectorLike = Collector(producer, settings, telemetry=telemetry)
+    return collector
+
+
+def install_simulation(spec: str) -> None:
+    """Install the simulated NVML driver beneath nvidia-ml-py.
+
+    ``spec`` is a built-in profile name, ``default`` (the simulator's default profile), or the
+    path of a scenario file.
+
+    Raises:
+        ConfigError: naming ``runtime.simulate`` when the profile or file cannot be loaded.
+
+    """
+    from gpumetrics.nvml import sim
+
+    try:
+        scenario = sim.load_scenario(sim.DEFAULT_PROFILE if spec == "default" else spec)
+        sim.install(scenario, clock=sim.WallClock())
+    except sim.ScenarioError as exc:
+        raise ConfigError([f"'runtime.simulate': {exc}"]) from None
+    except sim.AlreadyInstalledError:
+        log.info("a simulated driver is already installed; using it")
+
+
+@dataclass
+class SidecarParts:
+    """Everything :class:`Sidecar` built (for tests and for the go-plugin mode)."""
+
+    telemetry: Telemetry
+    health: SidecarHealth
+    producer: Producer
+    store: BatchStore
+    declared: DeclaredStore
+    server: SidecarServer
+    collector: CollectorLike
+    batcher: Batcher
+    push: PushExporter | None
+
+
+def _host_attributes(config: SidecarConfig, node: str, in_k8s: bool) -> dict[str, Any]:
+    ident = config.identity
+    attrs: dict[str, Any] = {}
+    if in_k8s:
+        attrs["k8s.node.name"] = node
+        if ident.host_name:
+            attrs["host.name"] = ident.host_name
+    else:
+        attrs["host.name"] = ident.host_name or node
+    return attrs
+
+
+class Sidecar:
+    """One sidecar process's components and their lifecycle.
+
+    Args:
+        config: validated configuration.
+        server_settings: overrides ``config.server`` (go-plugin mode passes one without
+            ``listen``, then adds its own listener).
+        collector_factory: builds the collector (tests pass a stub).
+        simulate: installs the simulated driver (default :func:`install_simulation`).
+        batch_wait: the batcher's ``wait(seconds) -> bool`` (tests drive batches themselves).
+        environ: where ``KUBERNETES_SERVICE_HOST`` is looked up.
+
+    Raises (from the constructor): :class:`ConfigError` for a relabel file that cannot be
+    loaded; ``ValueError`` naming the server setting of an unusable token or TLS file.
+
+    """
+
+    def __init__(
+        self,
+        config: SidecarConfig,
+        server_settings: ServerSettings | None = None,
+        collector_factory: CollectorFactory = default_collector_factory,
+        simulate: Callable[[str], None] = install_simulation,
+        batch_wait: Callable[[float], bool] | None = None,
+        environ: dict[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.stop_requested = threading.Event()
+        self.stop_reason = ""
+        self._simulate = simulate
+        env = dict(os.environ if environ is None else environ)
+        if config.runtime.simulate is not None:
+            simulate(config.runtime.simulate)  # before anything can load the real library
+        self.parts = self._build(
+            config, server_settings or config.server, collector_factory, batch_wait, env
+        )
+
+    def _build(
+        self,
+        config: SidecarConfig,
+        server_settings: ServerSettings,
+        collector_factory: CollectorFactory,
+        batch_wait: Callable[[float], bool] | None,
+        env: dict[str, str],
+    ) -> SidecarParts:
+        ident = config.identity
+        telemetry = Telemetry()
+        health = SidecarHealth()
+        procfs = ProcfsReader(ident.proc_root, host_pid_namespace=ident.host_pid_namespace)
+        declared = DeclaredStore(
+            **ident.declared.model_dump(),
+            pid_max=config.collection.pid_max or 4_194_304,
+            start_time_reader=procfs.start_time_ticks,
+        )
+        node = ident.node_name or os.uname().nodename
+        in_k8s = (
+            ident.in_kubernetes
+            if ident.in_kubernetes is not None
+            else bool(env.get("KUBERNETES_SERVICE_HOST"))
+        )
+        resourcer = new_process_resourcer(
+            None,
+            declared,
+            node,
+            in_k8s,
+            _relabel_rules(ident.relabel_config),
+            procfs=procfs,
+            host_name=ident.host_name,
+            read_process_context=ident.read_process_context,
+        )
+        producer = Producer(
+            host_attributes=_host_attributes(config, node, in_k8s),
+            disabled_metrics=config.collection.disabled_metrics,
+            telemetry=telemetry,
+            self_telemetry=telemetry,
+        )
+        producer.set_process_resourcer(resourcer)
+        store = BatchStore(config.store.limits(), telemetry=telemetry)
+        # DeclaredStore satisfies DeclaredStoreAPI at run time; the Protocol spells the
+        # declaration as a tuple where DeclaredStore names DeclarationInput (reported).
+        server = SidecarServer(server_settings, store, declared, health, telemetry)  # type: ignore[arg-type]
+        collector = collector_factory(producer, config.collection, telemetry)
+        batcher = Batcher(
+            producer,
+            store,
+            config.runtime.batch_interval_s,
+            collector.ready,
+            health.mark_ready,
+            batch_wait,
+        )
+        push = (
+            PushExporter(store, config.push, telemetry=telemetry) if config.push.endpoint else None
+        )
+        return SidecarParts(
+            telemetry, health, producer, store, declared, server, collector, batcher, push
+        )
+
+    def start(self) -> None:
+        """Start serving, collecting, batching and pushing (returns at once)."""
+        p = self.parts
+        p.server.start()
+        p.collector.start()
+        p.batcher.start()
+        if p.push is not None:
+            p.push.start()
+        log.info("sidecar started", extra={"listen": ",".join(p.server.addresses.listen)})
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the main thread to shut down (signal handlers and RPC handlers call this)."""
+        if not self.stop_requested.is_set():
+            self.stop_reason = reason
+            self.stop_requested.set()
+
+    def wait(self, timeout_s: float | None = None, poll_s: float = 0.25) -> bool:
+        """Block until a stop is requested (or the collector asks to exit); True if it was.
+
+        The collector's ``exit_requested`` is checked every ``poll_s`` seconds.
+        """
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        exit_requested = getattr(self.parts.collector, "exit_requested", None)
+        while True:
+            step = poll_s if end is None else max(0.0, min(poll_s, end - time.monotonic()))
+            if self.stop_requested.wait(step):
+                return True
+            if exit_requested is not None and exit_requested.is_set():
+                self.request_stop(
+                    f"collector asked to exit with status {self.collector_exit_code()}"
+                )
+                return True
+            if end is not None and time.monotonic() >= end:
+                return False
+
+    def collector_exit_code(self) -> int | None:
+        """Return the non-zero exit status the collector asked for, or None."""
+        requested = getattr(self.parts.collector, "exit_requested", None)
+        if requested is None or not requested.is_set():
+            return None
+        code = getattr(self.parts.collector, "exit_code", None)
+        return code if isinstance(code, int) and code else 1
+
+    def shutdown(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> bool:
+        """Graceful shutdown within ``timeout_s`` (see the module docstring); True if clean.
+
+        Each step gets a share of what is left of the budget, so a hung step cannot take it all.
+        """
+        p = self.parts
+        end = clock() + timeout_s
+
+        def left(share: float) -> float:
+            return max(0.0, (end - clock()) * share)
+
+        log.info("shutting down", extra={"reason": self.stop_reason or "requested"})
+        p.health.enter_graceful_shutdown()
+        p.server.stop(grace=min(1.0, left(0.2)))
+        clean = p.batcher.stop(left(0.2))
+        p.collector.stop(left(0.5))
+        try:
+            p.batcher.run_once()
+        except Exception:  # noqa: BLE001 - the last batch is best effort; keep shutting down
+            log.exception("final batch failed")
+        if p.push is not None:
+            p.push.shutdown(flush_timeout_s=left(1.0))
+        log.info("stopped", extra={"clean": clean})
+        return clean
+
+
+def _relabel_rules(path: str | None) -> Any:
+    if path is None:
+        return ()
+    try:
+        with open(path, "rb") as f:
+            return load_relabel_configs(f.read())
+    except OSError as exc:
+        raise ConfigError([f"'identity.relabel_config': {path}: {exc.strerror or exc}"]) from None
+    except ValueError as exc:
+        raise ConfigError([f"'identity.relabel_config': {path}: {exc}"]) from None

@@ -1,0 +1,184 @@
+"""The console script's commands in-process against a running sidecar; exit codes; errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import gpumetrics
+import pytest
+from google.protobuf import json_format
+from gpumetrics.cli import main
+from gpumetrics.metrics import count_points, names
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+
+from .conftest import GPU0
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gpumetrics {gpumetrics.__version__}"
+
+
+def test_pull_json_is_otlp_json_and_acknowledges(running, capsys):
+    sidecar, address = running
+    code, out, err = run(capsys, "pull", address, "--format", "json", "--consumer", "c1")
+    assert code == 0 and err == ""
+    request = json_format.Parse(out, metrics_service_pb2.ExportMetricsServiceRequest())
+    assert count_points(request) >= 1
+    assert '"resourceMetrics"' in out  # protobuf JSON mapping: lowerCamelCase names
+    (consumer,) = [c for c in sidecar.parts.store.stats().consumers if c.name == "c1"]
+    assert consumer.acked_sequence == 1
+    # the acknowledged batch is not delivered again to the same consumer
+    code, out, _ = run(capsys, "pull", address, "--consumer", "c1")
+    assert code == 0 and json.loads(out) == {}
+
+
+def test_pull_no_ack_leaves_the_cursor(running, capsys):
+    sidecar, address = running
+    assert run(capsys, "pull", address, "--consumer", "c2", "--no-ack")[0] == 0
+    (consumer,) = [c for c in sidecar.parts.store.stats().consumers if c.name == "c2"]
+    assert consumer.acked_sequence == 0
+    code, out, _ = run(capsys, "pull", address, "--consumer", "c2", "--format", "text")
+    assert code == 0
+    assert out.splitlines()[0].startswith("epoch ") and "batches 1..1" in out
+    assert "hw.power" in out
+
+
+def test_declare_then_pull_shows_the_declared_service_name(running, capsys):
+    sidecar, address = running
+    pid = os.getpid()
+    code, out, err = run(
+        capsys,
+        "declare",
+        address,
+        "--pid",
+        str(pid),
+        "--env",
+        "OTEL_SERVICE_NAME=trainer",
+        "--attr",
+        "container.id=abc",
+    )
+    assert (code, out.strip(), err) == (0, "accepted 1", "")
+    sidecar.parts.producer.record_process(
+        pid, lambda b: b.add(names.MetricProcessUtilization, 0.5, 1, GPU0.id_attributes())
+    )
+    sidecar.parts.batcher.run_once()
+    code, out, _ = run(capsys, "pull", address, "--consumer", "d")
+    request = json_format.Parse(out, metrics_service_pb2.ExportMetricsServiceRequest())
+    services = {
+        kv.value.string_value
+        for rm in request.resource_metrics
+        for kv in rm.resource.attributes
+        if kv.key == "service.name"
+    }
+    assert "trainer" in services
+
+
+def test_declare_rejection_exits_3_and_prints_the_field(running, capsys):
+    _, address = running
+    code, out, _ = run(
+        capsys,
+        "declare",
+        address,
+        "--pid",
+        str(os.getpid()),
+        "--start-time-ticks",
+        "1",
+        "--env",
+        "NOT_OTEL=x",
+    )
+    assert code == 3
+    assert out.startswith("accepted 0") and "rejected pid" in out
+
+
+def test_declare_reads_the_start_time_from_proc(tmp_path, capsys):
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "stat").write_text(
+        "42 (a b) S 1 42 42 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 777 0 0\n"
+    )
+    from gpumetrics.cli.client import build_declaration
+    from gpumetrics.cli.parser import build_parser
+
+    args = build_parser().parse_args(
+        ["declare", "x:1", "--pid", "42", "--proc-root", str(tmp_path)]
+    )
+    assert build_declaration(args).start_time_ticks == 777
+
+
+def test_count_gpus_counts_driver_entries(tmp_path, capsys):
+    gpus = tmp_path / "driver" / "nvidia" / "gpus"
+    for bus in ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0"):
+        (gpus / bus).mkdir(parents=True)
+    assert run(capsys, "count-gpus", "--proc-root", str(tmp_path))[:2] == (0, "3\n")
+    assert run(capsys, "count-gpus", "--proc-root", str(tmp_path / "none"))[:2] == (0, "0\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "text"),
+    [
+        (["pull", "127.0.0.1:1", "--timeout", "2"], 1, "gpumetrics: pull 127.0.0.1:1: UNAVAILABLE"),
+        (
+            ["declare", "127.0.0.1:1", "--pid", "1", "--env", "NOEQUALS"],
+            2,
+            "--env 'NOEQUALS': expected KEY=VALUE",
+        ),
+        (["declare", "127.0.0.1:1", "--pid", "0"], 2, "--pid 0: must be a positive process id"),
+        (
+            ["pull", "127.0.0.1:1", "--token-file", "/nonexistent/token"],
+            1,
+            "--token-file /nonexistent/token",
+        ),
+        (["pull", "127.0.0.1:1", "--cert-file", "c.pem"], 2, "--cert-file and --key-file"),
+        (
+            ["serve", "--batch-interval", "0"],
+            2,
+            "'runtime.batch_interval_s' (from flag --batch-interval)",
+        ),
+        (
+            ["serve", "--listen", "0.0.0.0:4319"],
+            2,
+            "'server.listen[0]' (from flag --listen): 0.0.0.0:4319 is not loopback",
+        ),
+        (
+            ["serve", "--plugin"],
+            1,
+            "--plugin: go-plugin mode needs the GPUMETRICS_PLUGIN_MAGIC_COOKIE",
+        ),
+    ],
+)
+def test_errors_are_one_line_with_an_exit_code(capsys, monkeypatch, argv, code, text):
+    for name in [n for n in os.environ if n.startswith("GPUMETRICS_")]:
+        monkeypatch.delenv(name)
+    got, out, err = run(capsys, *argv)
+    assert got == code
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and text in err
+
+
+def test_pull_with_a_wrong_token_is_unauthenticated(make_sidecar, tmp_path, capsys):
+    from .conftest import config
+
+    token = tmp_path / "pull.token"
+    token.write_text("s3cret-pull-token-0123\n")
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("wrong-pull-token-0123\n")
+    sidecar, collector, _ = make_sidecar(
+        config(server={"listen": ["127.0.0.1:0"], "pull_token_file": str(token)})
+    )
+    sidecar.start()
+    address = sidecar.parts.server.addresses.listen[0]
+    code, _, err = run(capsys, "pull", address, "--token-file", str(wrong))
+    assert code == 1 and "UNAUTHENTICATED" in err
+    collector.record()
+    sidecar.parts.batcher.run_once()
+    code, out, _ = run(capsys, "pull", address, "--token-file", str(token))
+    assert code == 0 and "resourceMetrics" in out

@@ -1,0 +1,153 @@
+"""The sidecar runtime: batching, readiness, shutdown order, push flush, final batch."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+from gpumetrics.config import ConfigError
+from gpumetrics.metrics import Producer, count_points
+from gpumetrics.runtime import Batcher, Sidecar
+from gpumetrics.store import BatchStore
+from gpumetrics.v1 import pull_pb2, pull_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+
+from .conftest import GPU0, ManualTicker, StubCollector, config
+
+
+def health_status(address, name=""):
+    with grpc.insecure_channel(address) as ch:
+        return (
+            health_pb2_grpc.HealthStub(ch)
+            .Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            .status
+        )
+
+
+def pull(address, consumer="t"):
+    with grpc.insecure_channel(address) as ch:
+        resp = pull_pb2_grpc.MetricsPullServiceStub(ch).Pull(
+            pull_pb2.PullRequest(consumer=consumer), timeout=5
+        )
+    return resp, metrics_service_pb2.ExportMetricsServiceRequest.FromString(
+        resp.export_metrics_service_request
+    )
+
+
+def test_batcher_marks_ready_only_after_a_batch_that_follows_collector_ready():
+    producer, store, ready, calls = Producer(), BatchStore(), threading.Event(), []
+    batcher = Batcher(producer, store, 10.0, ready, lambda: calls.append("ready"))
+    collector = StubCollector(producer, None, None)
+    collector.record()
+    assert batcher.run_once() == 1 and calls == []  # collected before ready: not announced
+    ready.set()
+    assert batcher.run_once() is None  # nothing recorded: no empty batch, but ready is announced
+    assert calls == ["ready"]
+    collector.record()
+    assert batcher.run_once() == 2 and calls == ["ready"]  # announced once
+    assert store.last_sequence == 2
+
+
+def test_batcher_thread_takes_the_first_ready_batch_without_waiting_an_interval():
+    producer, store, ready = Producer(), BatchStore(), threading.Event()
+    ticker = ManualTicker()
+    announced = threading.Event()
+    batcher = Batcher(producer, store, 3600.0, ready, announced.set, wait=ticker.wait)
+    batcher.start()
+    try:
+        StubCollector(producer, None, None).record()
+        ticker.tick()  # not ready yet: 1/72000 of an interval passes, no batch
+        assert store.last_sequence == 0
+        ready.set()
+        ticker.tick()
+        assert store.last_sequence == 1 and announced.is_set()
+    finally:
+        ticker.stop()
+        assert batcher.stop(5)
+
+
+def test_health_turns_serving_after_the_first_ready_batch_and_pull_sees_it(make_sidecar):
+    sidecar, collector, ticker = make_sidecar()
+    sidecar.start()
+    address = sidecar.parts.server.addresses.listen[0]
+    assert health_status(address) == health_pb2.HealthCheckResponse.NOT_SERVING
+    collector.record(300.0)
+    collector.ready.set()
+    ticker.tick()
+    assert health_status(address) == health_pb2.HealthCheckResponse.SERVING
+    resp, req = pull(address)
+    assert resp.first_sequence == 1 and count_points(req) >= 1
+    values = [
+        dp.as_double
+        for rm in req.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "hw.power"
+        for dp in m.gauge.data_points
+    ]
+    assert values == [300.0]
+    host = {kv.key for kv in req.resource_metrics[0].resource.attributes}
+    assert "host.name" in host
+
+
+def test_shutdown_order_and_final_batch_reach_the_push_collector(make_sidecar):
+    from concurrent import futures
+
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+
+    received = []
+
+    class Collector(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request, context):  # noqa: N802
+            received.append(request)
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    otlp = grpc.server(futures.ThreadPoolExecutor(2))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Collector(), otlp)
+    port = otlp.add_insecure_port("127.0.0.1:0")
+    otlp.start()
+    try:
+        events = []
+        cfg = config(push={"endpoint": f"127.0.0.1:{port}", "insecure": True, "interval_s": 3600})
+        sidecar, collector, ticker = make_sidecar(cfg, events)
+        sidecar.start()
+        collector.ready.set()
+        collector.record(111.0)  # recorded after the last batch: only the final batch has it
+        ticker.stop()
+        sidecar.request_stop("test")
+        assert sidecar.wait(0)
+        assert sidecar.shutdown(timeout_s=10)
+        assert events == ["collector.start", "collector.stop"]
+        assert not sidecar.parts.health.ready
+        with pytest.raises(grpc.RpcError):
+            health_status(sidecar.parts.server.addresses.listen[0])
+        pushed = [
+            dp.as_double
+            for r in received
+            for rm in r.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "hw.power"
+            for dp in m.gauge.data_points
+        ]
+        assert pushed == [111.0]
+    finally:
+        otlp.stop(0)
+
+
+def test_a_missing_relabel_file_is_a_config_error_naming_the_setting(tmp_path):
+    cfg = config(identity={"relabel_config": str(tmp_path / "absent.yaml")})
+    with pytest.raises(ConfigError, match=r"'identity.relabel_config': .*absent.yaml"):
+        Sidecar(cfg, collector_factory=StubCollector)
+
+
+def test_kubernetes_node_goes_to_k8s_node_name(make_sidecar):
+    cfg = config(identity={"node_name": "node-7", "in_kubernetes": True})
+    sidecar, collector, _ = make_sidecar(cfg)
+    collector.record()
+    req = sidecar.parts.producer.collect()
+    attrs = {kv.key: kv.value.string_value for kv in req.resource_metrics[0].resource.attributes}
+    assert attrs == {"k8s.node.name": "node-7"}
+    assert GPU0.uuid  # the stub's device
