@@ -1,0 +1,248 @@
+"""Per-device call gate: capability cache, error counting, log-once, in-flight tracking.
+
+Every NVML call a collector makes on a device goes through :meth:`DeviceCalls.query` (or
+:meth:`DeviceCalls.get`). The gate applies the rules of ``shared/reference/nvml-field-cases.md``:
+
+- **Capability cache.** A call answering NOT_SUPPORTED, FUNCTION_NOT_FOUND (or
+  ``NVMLLibraryMismatchError``) or NO_PERMISSION is disabled for that device and capability key
+  (a function, or a function with its enum argument such as ``nvmlDeviceGetClockInfo:2``) until
+  the next NVML init; the simulator's call counter stays at 1 (F07, F09).
+- **Error counting.** ``gpumetrics.nvml.errors{nvml.function, nvml.return_code}`` rises once per
+  failing call. NOT_FOUND (no data right now) is not an error (F19).
+- **Log once.** One record per (device, function, kind) state change: INFO for a missing
+  capability, DEBUG for a missing symbol that has a fallback, WARNING otherwise; a success after
+  a failure logs INFO once.
+- **Fatal kinds abort the device's tick:** ``gpu_lost`` raises :class:`DeviceLost`; a lifecycle
+  code (UNINITIALIZED, DRIVER_NOT_LOADED, ...) raises :class:`LibraryDown`.
+- **Dropped values** (impossible readings) are counted in
+  ``gpumetrics.values.dropped{reason}`` and logged once per (device, function, reason).
+
+The gate also records the call in flight (function and start on ``time.monotonic``), which the
+worker pool reads to enforce the per-call deadline (F21).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from gpumetrics.nvml.query import ErrorKind, QueryError, query
+from gpumetrics.selftelemetry import SelfTelemetry
+
+T = TypeVar("T")
+
+NVML_ERRORS = "gpumetrics.nvml.errors"
+VALUES_DROPPED = "gpumetrics.values.dropped"
+
+_DISABLING = frozenset({ErrorKind.UNSUPPORTED, ErrorKind.FUNCTION_MISSING, ErrorKind.NO_PERMISSION})
+_TRANSIENT = frozenset({ErrorKind.INVALID, ErrorKind.TIMEOUT, ErrorKind.UNKNOWN})
+
+
+class DeviceLost(Exception):
+    """The device answered GPU_IS_LOST (or a friend); its tick stops here."""
+
+    def __init__(self, error: QueryError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class LibraryDown(Exception):
+    """A call answered a library-lifecycle code; every device's tick stops, NVML is re-initialised."""
+
+    def __init__(self, error: QueryError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class DeviceCalls:
+    """The call gate of one device.
+
+    Args:
+        label: the device in logs (UUID, or ``index:N``).
+        telemetry: where errors and dropped values are counted.
+        log: the collector's logger.
+
+    Attributes:
+        degraded: set when a call of the current tick failed transiently (reset by
+            :meth:`begin_tick`); the device state machine reads it.
+        reasons: code names of this tick's transient failures, for the state log.
+
+    """
+
+    def __init__(self, label: str, telemetry: SelfTelemetry, log: logging.Logger) -> None:
+        self.label = label
+        self._telemetry = telemetry
+        self._log = log
+        self._disabled: dict[str, ErrorKind] = {}
+        self._last: dict[str, str] = {}
+        self._flight_lock = threading.Lock()
+        self._in_flight: tuple[str, float] | None = None
+        self.degraded = False
+        self.reasons: list[str] = []
+
+    # --- capability cache -------------------------------------------------------------
+    def enabled(self, cap: str) -> bool:
+        """True unless capability ``cap`` was disabled by an earlier answer."""
+        return cap not in self._disabled
+
+    def note(self, function: str, message: str) -> None:
+        """Log a decision about ``function`` (a fallback chosen) once, at INFO."""
+        self._log_once(function, "note:" + message, logging.INFO, "%s", message)
+
+    def disable(self, cap: str, kind: ErrorKind) -> None:
+        """Disable ``cap`` for this device (e.g. a symbol found missing at init)."""
+        self._disabled[cap] = kind
+
+    def disabled(self) -> dict[str, ErrorKind]:
+        """The disabled capabilities and why (a copy)."""
+        return dict(self._disabled)
+
+    def begin_tick(self) -> None:
+        """Reset the per-tick failure flags."""
+        self.degraded = False
+        self.reasons = []
+
+    # --- in-flight tracking -----------------------------------------------------------
+    @property
+    def in_flight(self) -> tuple[str, float] | None:
+        """``(function, start)`` of the call running now (start on ``time.monotonic``), or None."""
+        with self._flight_lock:
+            return self._in_flight
+
+    # --- calls ------------------------------------------------------------------------
+    def query(
+        self,
+        cap: str,
+        function: str,
+        fn: Callable[..., T],
+        *args: Any,
+        missing_level: int = logging.WARNING,
+        fallback: bool = False,
+        retry_codes: frozenset[int] = frozenset(),
+        **kwargs: Any,
+    ) -> T:
+        """Call ``fn(*args, **kwargs)`` through the gate.
+
+        Args:
+            cap: capability key (disabled as a whole on a capability answer).
+            function: the NVML function name (telemetry ``nvml.function``, logs).
+            fn: the nvidia-ml-py wrapper (or a reader built on it).
+            *args: arguments for ``fn``.
+            missing_level: log level for FUNCTION_NOT_FOUND (DEBUG when a fallback exists).
+            fallback: the caller falls back to another call on failure: transient failures
+                are logged at INFO and do not degrade the device.
+            retry_codes: return codes the caller retries (INSUFFICIENT_SIZE): raised without
+                counting or logging; the caller calls :meth:`record` if it gives up.
+            **kwargs: keyword arguments for ``fn``.
+
+        Returns:
+            ``fn``'s result.
+
+        Raises:
+            QueryError: any non-fatal failure, after counting and logging (``not_found`` is
+                neither counted nor logged); also, without a call, when ``cap`` or
+                ``function`` is disabled. Callers that only want a value use :meth:`get`.
+            DeviceLost: on ``gpu_lost``.
+            LibraryDown: on a lifecycle code.
+
+        """
+        why = self._disabled.get(cap) or self._disabled.get(function)
+        if why is not None:
+            raise QueryError(function, why, None)
+        with self._flight_lock:
+            self._in_flight = (function, time.monotonic())
+        try:
+            result = query(function, fn, *args, **kwargs)
+        except QueryError as err:
+            if err.code not in retry_codes:
+                self._failed(cap, err, missing_level, fallback)
+            raise
+        finally:
+            with self._flight_lock:
+                self._in_flight = None
+        if function in self._last:
+            del self._last[function]
+            self._log.info("GPU %s: %s answers again", self.label, function)
+        return result
+
+    def get(
+        self, cap: str, function: str, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T | None:
+        """Like :meth:`query` but return None for a disabled capability or a non-fatal failure."""
+        try:
+            return self.query(cap, function, fn, *args, **kwargs)
+        except QueryError:
+            return None
+
+    def record(self, err: QueryError) -> None:
+        """Count and log a failure the caller held back (a retried call that never succeeded)."""
+        self._failed(err.function, err, logging.WARNING, False)
+
+    def _failed(self, cap: str, err: QueryError, missing_level: int, fallback: bool) -> None:
+        kind = err.kind
+        if kind is ErrorKind.NOT_FOUND and not err.lifecycle:
+            return
+        self._telemetry.add(
+            NVML_ERRORS, 1, {"nvml.function": err.function, "nvml.return_code": err.code_name}
+        )
+        if err.lifecycle:
+            raise LibraryDown(err) from err
+        if kind in _DISABLING:
+            self._disabled[cap] = kind
+            level = {
+                ErrorKind.UNSUPPORTED: logging.INFO,
+                ErrorKind.FUNCTION_MISSING: missing_level,
+            }.get(kind, logging.WARNING)
+            self._log_once(
+                err.function,
+                kind.value,
+                level,
+                "%s (%s): not called again on this GPU",
+                err.code_name,
+                cap,
+            )
+            return
+        level = logging.INFO if fallback else logging.WARNING
+        self._log_once(err.function, kind.value, level, "%s", err.code_name)
+        if kind is ErrorKind.GPU_LOST:
+            raise DeviceLost(err) from err
+        if kind in _TRANSIENT and not fallback:
+            self.degraded = True
+            self.reasons.append(err.code_name)
+
+    def _log_once(self, function: str, state: str, level: int, fmt: str, *args: Any) -> None:
+        if self._last.get(function) == state:
+            level = logging.DEBUG
+        self._last[function] = state
+        self._log.log(level, "GPU %s: %s: " + fmt, self.label, function, *args)
+
+    # --- dropped values ---------------------------------------------------------------
+    def drop(self, function: str, reason: str, count: int = 1, detail: str = "") -> None:
+        """Count ``count`` readings of ``function`` discarded for ``reason``; log once per reason.
+
+        Reasons in use: ``out_of_range`` (a ratio outside 0–100 %, a temperature or clock no
+        device reports), ``sentinel`` (NVML's not-available values), ``process_struct_mismatch``
+        (F01), ``invalid_pid``, ``memory_above_total``, ``unknown_value_type``,
+        ``timestamp_out_of_range``, ``insufficient_size`` (F20 retries exhausted),
+        ``invalid_point`` (the model refused a point).
+        """
+        if count <= 0:
+            return
+        self._telemetry.add(VALUES_DROPPED, count, {"reason": reason})
+        self._log_once(
+            f"{function}#{reason}",
+            "dropped",
+            logging.WARNING,
+            "dropped %d value(s): %s %s",
+            count,
+            reason,
+            detail,
+        )
+
+    def mark_degraded(self, reason: str) -> None:
+        """Mark this tick degraded for a reason that is not an NVML return code."""
+        self.degraded = True
+        self.reasons.append(reason)

@@ -1,0 +1,133 @@
+"""What every reader needs for one tick: clocks, settings, telemetry and the point sink.
+
+:class:`Context` lives as long as the collector; :class:`Tick` is built for one device per tick
+and collects that device's points (:class:`Points`) so the collector can commit them to the
+producer only when the whole device read finished before its deadline. Points are plain tuples
+here; the collector validates them through ``MetricBuffer.add`` when it commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumetrics.metrics.buffer import Attributes
+from gpumetrics.nvml.library import Session
+from gpumetrics.nvml.samples import Sample, TimeBase, read_samples
+from gpumetrics.nvml.settings import CollectionSettings
+from gpumetrics.selftelemetry import SelfTelemetry
+
+DEFAULT_PID_MAX = 4_194_304
+"""Linux's largest ``pid_max`` (2^22), used when ``/proc/sys/kernel/pid_max`` is unreadable."""
+
+HostPoint = tuple[str, int | float, int, Attributes, int]
+"""``(metric, value, time_unix_nano, attributes, start_time_unix_nano)``."""
+ProcessPoint = tuple[int, str, int | float, int, Attributes, int]
+"""``(pid, metric, value, time_unix_nano, attributes, start_time_unix_nano)``."""
+
+
+def read_pid_max(proc_root: str) -> int:
+    """``<proc_root>/sys/kernel/pid_max``, or :data:`DEFAULT_PID_MAX` when unreadable."""
+    try:
+        with open(os.path.join(proc_root, "sys", "kernel", "pid_max"), encoding="ascii") as f:
+            value = int(f.read().strip())
+    except (OSError, ValueError):
+        return DEFAULT_PID_MAX
+    return value if value > 0 else DEFAULT_PID_MAX
+
+
+@dataclass
+class Context:
+    """Collector-wide collaborators shared by every reader.
+
+    Attributes:
+        settings: the collection settings.
+        session: the NVML session (symbols probed at init, driver version).
+        telemetry: self-telemetry sink.
+        log: the collector's logger.
+        clock_ns: wall clock, Unix-epoch ns (point times).
+        monotonic_ns: monotonic clock, ns (cadences, back-off).
+        timebase: driver sample timestamps → Unix-epoch ns.
+        pid_max: the largest valid pid.
+
+    """
+
+    settings: CollectionSettings
+    session: Session
+    telemetry: SelfTelemetry
+    log: logging.Logger
+    clock_ns: Callable[[], int]
+    monotonic_ns: Callable[[], int]
+    timebase: TimeBase
+    pid_max: int
+
+
+@dataclass
+class Points:
+    """Points gathered by one device's tick, committed together or not at all."""
+
+    host: list[HostPoint] = field(default_factory=list)
+    processes: list[ProcessPoint] = field(default_factory=list)
+
+    def add(
+        self, metric: str, value: int | float, time_ns: int, attrs: Attributes, start_ns: int = 0
+    ) -> None:
+        """Add a device point."""
+        self.host.append((metric, value, time_ns, attrs, start_ns))
+
+    def add_process(
+        self,
+        pid: int,
+        metric: str,
+        value: int | float,
+        time_ns: int,
+        attrs: Attributes,
+        start_ns: int = 0,
+    ) -> None:
+        """Add a per-process point for ``pid``."""
+        self.processes.append((pid, metric, value, time_ns, attrs, start_ns))
+
+    def extend(self, other: Points) -> None:
+        """Append ``other``'s points."""
+        self.host.extend(other.host)
+        self.processes.extend(other.processes)
+
+
+@dataclass
+class Tick:
+    """One device's tick: when it runs, what is due, and where its points go.
+
+    Attributes:
+        ctx: the collector context.
+        now_ns: the tick's wall-clock time (Unix-epoch ns), the time of snapshot readings.
+        mono_ns: the tick's monotonic time (cadences).
+        points: this device's points.
+        extra: free-form facts a reader leaves for another in the same tick.
+
+    """
+
+    ctx: Context
+    now_ns: int
+    mono_ns: int
+    points: Points = field(default_factory=Points)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def wants(self, *metrics: str) -> bool:
+        """True when at least one of ``metrics`` is collected."""
+        return self.ctx.settings.wants(*metrics)
+
+    def samples(self, dev: Any, sampling_type: int) -> list[Sample] | None:
+        """Read ``dev``'s samples of ``sampling_type`` (see :func:`samples.read_samples`)."""
+        window = round(self.ctx.settings.interval_s * 1e9)
+        return read_samples(
+            dev.calls,
+            dev.handle,
+            dev.cursors,
+            sampling_type,
+            self.ctx.timebase,
+            self.now_ns,
+            window,
+        )

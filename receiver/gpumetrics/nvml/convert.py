@@ -1,0 +1,111 @@
+"""Unit conversions and plausibility checks, in one place (NVML units → OTLP units).
+
+Every reading passes through one of these functions on its way to a data point. Each returns
+``(value, None)`` for a usable reading or ``(None, reason)`` for one that must be dropped and
+counted under ``gpumetrics.values.dropped{reason}``; none of them ever substitutes 0.
+
+| NVML unit | OTLP unit | rule | source |
+|---|---|---|---|
+| % (u32) | ratio ``1`` | ÷ 100; outside 0–100 dropped (``out_of_range``) | semconv §1 pitfall; F24 |
+| mW (u32) | ``W`` | ÷ 1000; 0xFFFFFFFF dropped (``sentinel``) | nvml.h power calls |
+| mJ (u64) | ``J`` | ÷ 1000; 2⁶⁴−1 dropped (``sentinel``) | ``nvmlDeviceGetTotalEnergyConsumption`` |
+| MHz (u32) | ``Hz`` | × 10⁶; 0xFFFFFFFF or above 100 GHz dropped | ``nvmlDeviceGetClockInfo`` |
+| KB/s (u32) | ``By/s`` | × :data:`PCIE_KB` (1024); 0xFFFFFFFF dropped | ``nvmlDeviceGetPcieThroughput`` |
+| bytes (u64) | ``By`` | as is; 2⁶⁴−1 dropped (``sentinel``) | memory info, process lists |
+| °C | ``Cel`` | as is; outside −100…200 dropped | temperature calls |
+| count (u64) | ``{error}`` | as is; 2⁶⁴−1 dropped | ``nvmlDeviceGetTotalEccErrors`` |
+
+**PCIe "KB" is 1024 bytes.** NVML does not say whether KB means 1000 or 1024 bytes (nvml.md
+§1.12). We follow nvitop, NVTOP and the OpenTelemetry/DCGM-based exporters (KiB/s): NVML's other
+memory-sized quantities are binary, nvidia-smi's throughput columns match KiB, and the choice
+errs on the side of the larger figure by only 2.4 %.
+"""
+
+from __future__ import annotations
+
+U32_NA = 0xFFFFFFFF
+"""``NVML_VALUE_NOT_AVAILABLE_uint``."""
+U64_NA = 0xFFFFFFFFFFFFFFFF
+"""``NVML_VALUE_NOT_AVAILABLE_ulonglong``."""
+
+PCIE_KB = 1024
+"""Bytes per NVML PCIe "KB" (see the module docstring for the justification)."""
+
+MAX_CLOCK_MHZ = 100_000
+"""No GPU clock domain reaches 100 GHz; larger readings are garbage."""
+TEMPERATURE_RANGE_C = (-100, 200)
+"""Plausible GPU temperatures (°C); NVML's signed/unsigned mix makes garbage easy to spot."""
+
+OUT_OF_RANGE = "out_of_range"
+SENTINEL = "sentinel"
+
+Result = tuple[float | int | None, str | None]
+
+
+def percent_to_ratio(percent: int | float) -> Result:
+    """NVML percent (0–100) → ratio 0–1; anything outside 0–100 is dropped, never clamped (F24)."""
+    if not 0 <= percent <= 100:
+        return None, OUT_OF_RANGE
+    return percent / 100.0, None
+
+
+def mw_to_w(milliwatts: int | float) -> Result:
+    """Milliwatts → watts; the u32 not-available value and negatives are dropped."""
+    if milliwatts == U32_NA:
+        return None, SENTINEL
+    if milliwatts < 0:
+        return None, OUT_OF_RANGE
+    return milliwatts / 1000.0, None
+
+
+def mj_to_j(millijoules: int) -> Result:
+    """Millijoules → joules; the u64 not-available value is dropped."""
+    if millijoules == U64_NA:
+        return None, SENTINEL
+    if millijoules < 0:
+        return None, OUT_OF_RANGE
+    return millijoules / 1000.0, None
+
+
+def mhz_to_hz(mhz: int | float) -> Result:
+    """Megahertz → hertz; the u32 not-available value and > 100 GHz are dropped."""
+    if mhz == U32_NA:
+        return None, SENTINEL
+    if not 0 <= mhz <= MAX_CLOCK_MHZ:
+        return None, OUT_OF_RANGE
+    return float(mhz) * 1e6, None
+
+
+def pcie_kbps_to_bytes_per_s(kbps: int) -> Result:
+    """PCIe KB/s → bytes/s with :data:`PCIE_KB` = 1024; the u32 not-available value is dropped."""
+    if kbps == U32_NA:
+        return None, SENTINEL
+    if kbps < 0:
+        return None, OUT_OF_RANGE
+    return float(kbps * PCIE_KB), None
+
+
+def bytes_value(value: int | None) -> Result:
+    """Bytes as reported; None or the u64 not-available value is dropped as a sentinel."""
+    if value is None or value == U64_NA:
+        return None, SENTINEL
+    if value < 0:
+        return None, OUT_OF_RANGE
+    return int(value), None
+
+
+def celsius(value: int | float) -> Result:
+    """Degrees Celsius as reported; outside :data:`TEMPERATURE_RANGE_C` is dropped."""
+    low, high = TEMPERATURE_RANGE_C
+    if not low <= value <= high:
+        return None, OUT_OF_RANGE
+    return float(value), None
+
+
+def count_value(value: int) -> Result:
+    """An event count (ECC errors); the u64 not-available value is dropped."""
+    if value == U64_NA:
+        return None, SENTINEL
+    if value < 0:
+        return None, OUT_OF_RANGE
+    return int(value), None

@@ -1,0 +1,59 @@
+"""Cumulative counters with reset detection (energy, ECC errors).
+
+NVML's cumulative readings count since the driver was last loaded (energy in mJ, ECC errors), so
+they restart from a small value after a driver reload or GPU reset, and they update coarsely
+(energy about every 10 ms, so two reads can be equal) (``nvml.md`` §1.10, F23).
+
+A :class:`CounterTracker` turns those readings into an OTLP cumulative monotonic Sum
+(``semconv-and-otlp.md`` §2.4):
+
+- the first reading starts a series with ``start_time_unix_nano`` = its own time (a reset at an
+  unknown time: the first point contributes no rate);
+- equal or larger readings continue the series with the same start time;
+- a smaller reading is a reset: a new series starts at the time of the previous reading (the
+  reset happened after it; start < time marks a known reset with an implicit zero), and the
+  value restarts from the new reading. No negative delta is ever exported, and a reset is not
+  an error.
+"""
+
+from __future__ import annotations
+
+import logging
+
+
+class CounterTracker:
+    """Start times of one cumulative counter series.
+
+    Args:
+        label: names the series in the reset log (``GPU-… energy``).
+        log: resets are logged at INFO.
+
+    """
+
+    def __init__(self, label: str, log: logging.Logger) -> None:
+        self._label = label
+        self._log = log
+        self._start_ns: int | None = None
+        self._last_value: int | float | None = None
+        self._last_ns = 0
+
+    def observe(self, value: int | float, time_ns: int) -> int:
+        """Record a reading taken at ``time_ns`` (Unix ns); return its series start time (ns)."""
+        if self._start_ns is None or self._last_value is None:
+            self._start_ns = time_ns
+        elif value < self._last_value:
+            self._log.info(
+                "%s: counter went from %s to %s; starting a new series (driver reload or reset)",
+                self._label,
+                self._last_value,
+                value,
+            )
+            self._start_ns = self._last_ns if self._last_ns < time_ns else time_ns
+        self._last_value = value
+        self._last_ns = time_ns
+        return self._start_ns
+
+    @property
+    def start_ns(self) -> int | None:
+        """The current series start (Unix ns), or None before the first reading."""
+        return self._start_ns

@@ -1,0 +1,358 @@
+"""Device discovery keyed by UUID, static properties read once, and MIG instances.
+
+Indexes are not stable across reboots or resets (``nvml.md`` §1.14), so every device is keyed by
+its UUID. Discovery reads ``nvmlDeviceGetCount`` and each index's handle; an index whose handle
+cannot be obtained (UNKNOWN, GPU_IS_LOST, NO_PERMISSION... F10) becomes a placeholder keyed
+``index:N`` in state ``failed``, probed again on back-off.
+
+Static properties (UUID, name, serial, VBIOS, driver version, MIG mode, MIG slot count) are read
+once per device lifetime; the hot path never re-reads them. Names are decoded leniently: the
+binding decodes strictly and raises ``UnicodeDecodeError`` on non-UTF-8 bytes (F26); the bytes
+are then decoded with U+FFFD replacements and control characters removed.
+
+MIG: on a GPU whose current MIG mode is enabled, each populated slot is its own device with
+``hw.id`` = the MIG UUID and ``hw.parent`` = the GPU's UUID, and its GPU/compute-instance ids.
+Board-level values (power, energy, temperature, clocks, PCIe, ECC) are read once, on the parent;
+memory and processes are read per instance, never on the parent, so nothing is counted twice
+(``prior-art.md`` §4 finding 8).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from gpumetrics.metrics import names
+from gpumetrics.metrics.buffer import Attributes
+from gpumetrics.metrics.gpu import GPU
+from gpumetrics.nvml.calls import DeviceCalls, DeviceLost
+from gpumetrics.nvml.context import Context
+from gpumetrics.nvml.library import PROBED_SYMBOLS
+from gpumetrics.nvml.query import ErrorKind, QueryError
+from gpumetrics.nvml.samples import Cursors
+from gpumetrics.nvml.state import Backoff, DeviceHealth
+
+MIG_ENABLED = "enabled"
+MIG_DISABLED = "disabled"
+
+
+def lenient_text(err: QueryError) -> str | None:
+    """The text behind a ``UnicodeDecodeError`` (F26), decoded with replacements, or None.
+
+    Invalid UTF-8 becomes U+FFFD; control characters are removed. Returns None when the error
+    is not a decoding error or nothing printable remains.
+    """
+    cause = err.cause
+    if not isinstance(cause, UnicodeDecodeError):
+        return None
+    text = bytes(cause.object).decode("utf-8", "replace")
+    text = "".join(ch for ch in text if unicodedata.category(ch)[0] != "C").strip()
+    return text or None
+
+
+def _text(calls: DeviceCalls, cap: str, fn: Any, *args: Any) -> str | None:
+    try:
+        value = calls.query(cap, cap, fn, *args)
+    except QueryError as err:
+        return lenient_text(err)
+    return str(value) if value else None
+
+
+@dataclass(eq=False)
+class Device:
+    """The runtime record of one physical GPU, MIG instance, or handle-less index.
+
+    Attributes:
+        gpu: static identity (``hw.*`` attributes).
+        handle: the NVML handle, or None while none could be obtained.
+        calls: this device's call gate (capability cache, error counting).
+        health: this device's state machine.
+        index: current NVML index (None for a MIG instance).
+        parent: the physical GPU of a MIG instance.
+        slot: the MIG slot of an instance.
+        mig_mode: ``enabled`` / ``disabled`` for GPUs that support MIG, else None.
+        instances: MIG instances by slot (physical GPUs with MIG enabled).
+        attrs: attributes of device points (every known ``hw.*`` attribute, MIG mode/ids).
+        id_attrs: attributes of per-process points (``hw.id``, ``hw.parent``, MIG ids).
+        start_ns: when the device was first seen (start of its UpDownCounter series).
+        cursors: sample-buffer cursors, in the driver's clock domain.
+        memory_total_bytes: the last memory total read (validates per-process memory).
+        state: per-reader state (counter trackers, cadence marks, chosen call versions).
+
+    """
+
+    gpu: GPU
+    handle: Any
+    calls: DeviceCalls
+    health: DeviceHealth
+    index: int | None
+    start_ns: int
+    parent: Device | None = None
+    slot: int | None = None
+    mig_mode: str | None = None
+    max_mig_slots: int = 0
+    instances: dict[int, Device] = field(default_factory=dict)
+    attrs: Attributes = ()
+    id_attrs: Attributes = ()
+    cursors: Cursors = field(default_factory=Cursors)
+    memory_total_bytes: int | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def uuid(self) -> str:
+        """The device's key: its UUID (``index:N`` for a placeholder)."""
+        return self.gpu.uuid
+
+    @property
+    def is_mig_instance(self) -> bool:
+        """True for a MIG instance."""
+        return self.parent is not None
+
+    @property
+    def mig_enabled(self) -> bool:
+        """True for a physical GPU whose current MIG mode is enabled."""
+        return self.mig_mode == MIG_ENABLED
+
+    def refresh_attrs(self) -> None:
+        """Recompute ``attrs`` and ``id_attrs`` from ``gpu`` and the MIG facts."""
+        attrs = dict(self.gpu.attributes())
+        ids = dict(self.gpu.id_attributes())
+        if self.mig_mode is not None:
+            attrs[names.AttrMIGMode] = self.mig_mode
+        for key, value in (
+            (names.AttrMIGGPUInstanceID, self.gpu.gpu_instance_id),
+            (names.AttrMIGComputeInstanceID, self.gpu.compute_instance_id),
+        ):
+            if value is not None:
+                attrs[key] = value
+                ids[key] = value
+        self.attrs = tuple(attrs.items())
+        self.id_attrs = tuple(ids.items())
+
+
+def new_device(
+    ctx: Context,
+    gpu: GPU,
+    handle: Any,
+    index: int | None,
+    now_ns: int,
+    parent: Device | None = None,
+) -> Device:
+    """Build a :class:`Device` with its own call gate and state machine."""
+    s = ctx.settings
+    dev = Device(
+        gpu=gpu,
+        handle=handle,
+        calls=DeviceCalls(gpu.uuid, ctx.telemetry, ctx.log),
+        health=DeviceHealth(
+            gpu.uuid, Backoff(s.device_backoff_initial_s, s.device_backoff_max_s), ctx.log
+        ),
+        index=index,
+        start_ns=now_ns,
+        parent=parent,
+    )
+    for symbol in PROBED_SYMBOLS:
+        if not ctx.session.has(symbol):
+            dev.calls.disable(symbol, ErrorKind.FUNCTION_MISSING)
+    dev.refresh_attrs()
+    return dev
+
+
+def placeholder(ctx: Context, index: int, now_ns: int, reason: str) -> Device:
+    """A device whose handle could not be obtained: keyed ``index:N``, in state failed (F10)."""
+    gpu = GPU(uuid=f"index:{index}", index=index, name=f"gpu{index}")
+    dev = new_device(ctx, gpu, None, index, now_ns)
+    dev.health.fail(ctx.monotonic_ns(), reason)
+    return dev
+
+
+def read_physical(ctx: Context, calls: DeviceCalls, handle: Any, index: int, now_ns: int) -> Device:
+    """Read a physical GPU's static properties once and build its :class:`Device`.
+
+    ``calls`` is the gate used for the identity calls (the UUID must be known before the
+    device's own gate exists).
+
+    Raises:
+        QueryError: the UUID could not be read (the caller makes a placeholder).
+        DeviceLost, LibraryDown: as from the gate.
+
+    """
+    uuid = calls.query("nvmlDeviceGetUUID", "nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle)
+    gpu = GPU(uuid=str(uuid), index=index, name=f"gpu{index}")
+    dev = new_device(ctx, gpu, handle, index, now_ns)
+    c = dev.calls
+    model = _text(c, "nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle)
+    serial = None
+    if c.enabled("nvmlDeviceGetSerial"):
+        serial = _text(c, "nvmlDeviceGetSerial", pynvml.nvmlDeviceGetSerial, handle)
+    vbios = None
+    if c.enabled("nvmlDeviceGetVbiosVersion"):
+        vbios = _text(c, "nvmlDeviceGetVbiosVersion", pynvml.nvmlDeviceGetVbiosVersion, handle)
+    dev.gpu = GPU(
+        uuid=gpu.uuid,
+        index=index,
+        name=gpu.name,
+        model=model,
+        serial_number=serial,
+        driver_version=ctx.session.driver_version,
+        firmware_version=vbios,
+    )
+    mode = c.get(
+        "nvmlDeviceGetMigMode", "nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, handle
+    )
+    if mode is not None:
+        dev.mig_mode = (
+            MIG_ENABLED if int(mode[0]) == pynvml.NVML_DEVICE_MIG_ENABLE else MIG_DISABLED
+        )
+    if dev.mig_enabled:
+        slots = c.get(
+            "nvmlDeviceGetMaxMigDeviceCount",
+            "nvmlDeviceGetMaxMigDeviceCount",
+            pynvml.nvmlDeviceGetMaxMigDeviceCount,
+            handle,
+        )
+        dev.max_mig_slots = int(slots or 0)
+    dev.refresh_attrs()
+    return dev
+
+
+def enumerate_mig(ctx: Context, parent: Device, now_ns: int) -> None:
+    """(Re-)enumerate the MIG instances of ``parent``: slots gone are removed, new ones read once.
+
+    An instance is matched by UUID, so one that survives keeps its series start times; a slot
+    whose UUID changed is a new instance. Errors on a slot are handled by the parent's gate
+    (NOT_FOUND: empty slot).
+    """
+    found: dict[int, Device] = {}
+    c = parent.calls
+    for slot in range(parent.max_mig_slots):
+        try:
+            handle = c.query(
+                "nvmlDeviceGetMigDeviceHandleByIndex",
+                "nvmlDeviceGetMigDeviceHandleByIndex",
+                pynvml.nvmlDeviceGetMigDeviceHandleByIndex,
+                parent.handle,
+                slot,
+            )
+        except QueryError:
+            continue
+        try:
+            uuid = str(
+                c.query("nvmlDeviceGetUUID", "nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle)
+            )
+        except QueryError:
+            continue
+        old = parent.instances.get(slot)
+        if old is not None and old.uuid == uuid:
+            old.handle = handle
+            found[slot] = old
+            continue
+        found[slot] = _read_instance(ctx, parent, handle, slot, uuid, now_ns)
+    for slot, old in parent.instances.items():
+        if slot not in found or found[slot] is not old:
+            ctx.log.info("GPU %s: MIG instance %s (slot %d) is gone", parent.uuid, old.uuid, slot)
+    parent.instances = found
+    parent.state["mig_enumerated_ns"] = ctx.monotonic_ns()
+
+
+def _read_instance(
+    ctx: Context, parent: Device, handle: Any, slot: int, uuid: str, now_ns: int
+) -> Device:
+    gpu = GPU(uuid=uuid, parent_uuid=parent.uuid)
+    dev = new_device(ctx, gpu, handle, None, now_ns, parent=parent)
+    c = dev.calls
+    gi = c.get(
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetGpuInstanceId",
+        pynvml.nvmlDeviceGetGpuInstanceId,
+        handle,
+    )
+    ci = c.get(
+        "nvmlDeviceGetComputeInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
+        pynvml.nvmlDeviceGetComputeInstanceId,
+        handle,
+    )
+    dev.gpu = GPU(
+        uuid=uuid,
+        name=f"{parent.gpu.name}/mig{slot}",
+        model=_text(c, "nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle),
+        driver_version=parent.gpu.driver_version,
+        firmware_version=parent.gpu.firmware_version,
+        serial_number=parent.gpu.serial_number,
+        parent_uuid=parent.uuid,
+        gpu_instance_id=_small_id(gi),
+        compute_instance_id=_small_id(ci),
+    )
+    dev.slot = slot
+    dev.refresh_attrs()
+    ctx.log.info("GPU %s: MIG instance %s in slot %d", parent.uuid, uuid, slot)
+    return dev
+
+
+MAX_MIG_ID = 64
+"""MIG GPU/compute-instance ids are small (at most 7 GPU instances per GPU on current parts)."""
+
+
+def _small_id(value: Any) -> int | None:
+    if value is None:
+        return None
+    v = int(value)
+    return v if 0 <= v < MAX_MIG_ID else None
+
+
+def discover(ctx: Context, system: DeviceCalls, known: dict[str, Device]) -> list[Device]:
+    """Enumerate the GPUs NVML sees, reusing the :class:`Device` of each known UUID.
+
+    Args:
+        ctx: collector context.
+        system: the gate for system-level calls (count, handles, UUIDs).
+        known: devices from an earlier session by UUID; a device found again keeps its series
+            start times and counter trackers but gets a fresh handle, index and capabilities.
+
+    Returns:
+        One device per index, in index order (placeholders for indexes without a handle).
+
+    Raises:
+        QueryError: ``nvmlDeviceGetCount`` failed (the session is unusable).
+        LibraryDown: a lifecycle code.
+
+    """
+    now_ns = ctx.clock_ns()
+    count = int(system.query("nvmlDeviceGetCount", "nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount))
+    out: list[Device] = []
+    for index in range(count):
+        try:
+            handle = system.query(
+                "nvmlDeviceGetHandleByIndex",
+                "nvmlDeviceGetHandleByIndex",
+                pynvml.nvmlDeviceGetHandleByIndex,
+                index,
+            )
+            dev = read_physical(ctx, system, handle, index, now_ns)
+        except QueryError as err:
+            out.append(placeholder(ctx, index, now_ns, err.code_name))
+            continue
+        except DeviceLost as exc:
+            out.append(placeholder(ctx, index, now_ns, exc.error.code_name))
+            continue
+        old = known.get(dev.uuid)
+        if old is not None:
+            dev.start_ns = old.start_ns
+            dev.state = {k: v for k, v in old.state.items() if k in _CARRIED_STATE}
+        if dev.mig_enabled:
+            enumerate_mig(ctx, dev, now_ns)
+            if old is not None:
+                for slot, inst in dev.instances.items():
+                    prev = old.instances.get(slot)
+                    if prev is not None and prev.uuid == inst.uuid:
+                        inst.start_ns = prev.start_ns
+        out.append(dev)
+    return out
+
+
+_CARRIED_STATE = frozenset({"energy", "ecc"})
+"""Reader state that survives a re-init (counter trackers keep detecting resets)."""

@@ -1,0 +1,104 @@
+"""Collection settings: cadences, deadlines, back-off and which metrics to collect.
+
+:class:`CollectionSettings` is a frozen pydantic model; every default is documented on its field
+and in ``docs/collection.md``. Validation errors name the field (pydantic's ``loc``), e.g.
+``pcie_interval_s: Input should be greater than or equal to interval_s``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gpumetrics.metrics.spec import catalogue
+
+
+class CollectionSettings(BaseModel):
+    """How and how often the collector reads NVML.
+
+    Cadences (seconds, measured on the collector's monotonic clock):
+
+    - ``interval_s`` (1.0): the fast cadence. Utilisation (sample buffers, with the snapshot
+      fallback), memory, power, energy, temperature, clocks, clock-event reasons and the
+      per-process lists and utilisation samples are read once per tick.
+    - ``pcie_interval_s`` (10.0): PCIe throughput. Each ``nvmlDeviceGetPcieThroughput`` call
+      blocks about 20 ms by design (NVML reference §1.12), 40 ms per GPU per read, so it is
+      read on a slow cadence; 0 disables it.
+    - ``errors_interval_s`` (10.0): volatile ECC counts (``hw.errors``); 0 disables them.
+    - ``mig_interval_s`` (30.0): re-enumeration of MIG instances (also done at once after a MIG
+      handle goes stale).
+
+    Deadlines:
+
+    - ``call_timeout_s`` (2.0): one NVML call running longer than this is abandoned: the
+      device's readings for that tick are dropped, ``gpumetrics.collection.timeouts{nvml.function}``
+      rises, and the device gets no new work until the call returns (F21).
+    - ``cycle_timeout_s`` (None → ``interval_s``): the longest a tick waits for all devices.
+
+    Back-off (seconds, doubling from ``*_initial_s`` up to ``*_max_s``):
+
+    - ``device_backoff_initial_s`` (2.0) / ``device_backoff_max_s`` (60.0): probes of a failed
+      device (GPU lost, handle unavailable, F10/F11); nothing else is called on it meanwhile.
+    - ``init_backoff_initial_s`` (1.0) / ``init_backoff_max_s`` (30.0): NVML init retries (F14).
+    - ``max_version_mismatch_inits`` (5): after this many consecutive inits answering
+      LIB_RM_VERSION_MISMATCH the collector requests a non-zero exit (F12), since nvidia-ml-py
+      never reloads ``libnvidia-ml`` in-process.
+
+    Other:
+
+    - ``insufficient_size_attempts`` (3): attempts of a list call that answers INSUFFICIENT_SIZE
+      because the list grew between the sizing and the data call (F20).
+    - ``process_metrics`` (True): read per-process lists and utilisation at all.
+    - ``disabled_metrics`` (empty): catalogue metric names not to collect; NVML calls that feed
+      only disabled metrics are not made.
+    - ``pid_max`` (None → ``<proc_root>/sys/kernel/pid_max``, 4194304 if unreadable): pids above
+      it are impossible and dropped.
+    - ``proc_root`` (``/proc``): where ``pid_max`` is read.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    interval_s: float = Field(default=1.0, gt=0, le=3600)
+    pcie_interval_s: float = Field(default=10.0, ge=0, le=86400)
+    errors_interval_s: float = Field(default=10.0, ge=0, le=86400)
+    mig_interval_s: float = Field(default=30.0, gt=0, le=86400)
+    call_timeout_s: float = Field(default=2.0, gt=0, le=600)
+    cycle_timeout_s: float | None = Field(default=None, gt=0, le=3600)
+    device_backoff_initial_s: float = Field(default=2.0, gt=0)
+    device_backoff_max_s: float = Field(default=60.0, gt=0)
+    init_backoff_initial_s: float = Field(default=1.0, gt=0)
+    init_backoff_max_s: float = Field(default=30.0, gt=0)
+    max_version_mismatch_inits: int = Field(default=5, ge=1)
+    insufficient_size_attempts: int = Field(default=3, ge=1, le=10)
+    process_metrics: bool = True
+    disabled_metrics: frozenset[str] = frozenset()
+    pid_max: int | None = Field(default=None, ge=1)
+    proc_root: str = "/proc"
+
+    @field_validator("disabled_metrics")
+    @classmethod
+    def _known_metrics(cls, value: frozenset[str]) -> frozenset[str]:
+        unknown = sorted(set(value) - set(catalogue().metrics))
+        if unknown:
+            raise ValueError(f"unknown metric(s) {unknown}; see docs/metrics.md")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CollectionSettings:
+        if self.pcie_interval_s and self.pcie_interval_s < self.interval_s:
+            raise ValueError("pcie_interval_s: must be 0 (off) or >= interval_s")
+        if self.errors_interval_s and self.errors_interval_s < self.interval_s:
+            raise ValueError("errors_interval_s: must be 0 (off) or >= interval_s")
+        if self.device_backoff_max_s < self.device_backoff_initial_s:
+            raise ValueError("device_backoff_max_s: must be >= device_backoff_initial_s")
+        if self.init_backoff_max_s < self.init_backoff_initial_s:
+            raise ValueError("init_backoff_max_s: must be >= init_backoff_initial_s")
+        return self
+
+    @property
+    def cycle_deadline_s(self) -> float:
+        """The effective per-tick wait for all devices: ``cycle_timeout_s`` or ``interval_s``."""
+        return self.cycle_timeout_s if self.cycle_timeout_s is not None else self.interval_s
+
+    def wants(self, *metrics: str) -> bool:
+        """True when at least one of ``metrics`` is collected (not in ``disabled_metrics``)."""
+        return any(m not in self.disabled_metrics for m in metrics)
