@@ -1,0 +1,424 @@
+"""The :class:`Collector`: NVML session, devices, one worker per device, ticks into the producer.
+
+Runtime contract (``docs/architecture.md``, "Runtime contracts"):
+
+- ``Collector(producer, settings, telemetry=NO_TELEMETRY)``;
+- :meth:`Collector.start` returns at once; NVML init is retried in the background with back-off;
+- :attr:`Collector.ready` (``threading.Event``) is set after the first complete collection cycle;
+- :meth:`Collector.nvml_up`;
+- :meth:`Collector.stop` stops scheduling, joins the workers, then calls ``nvmlShutdown`` exactly
+  once, and only when no worker can still be inside an NVML call (F22).
+
+Tests drive cycles explicitly with :meth:`Collector.collect_once`; the threaded scheduler only
+paces those calls. A cycle commits each device's points to the producer only when that device's
+work finished within its deadlines, so a hung or lost device contributes no (stale) points, and a
+lifecycle error (F12) discards the whole cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumetrics.metrics import names
+from gpumetrics.metrics.buffer import MetricBuffer
+from gpumetrics.metrics.producer import Producer
+from gpumetrics.nvml.calls import DeviceCalls, DeviceLost, LibraryDown
+from gpumetrics.nvml.context import Context, Points, Tick, read_pid_max
+from gpumetrics.nvml.device import Device, discover
+from gpumetrics.nvml.library import Session
+from gpumetrics.nvml.query import QueryError
+from gpumetrics.nvml.samples import TimeBase, boot_time_ns
+from gpumetrics.nvml.settings import CollectionSettings
+from gpumetrics.nvml.state import HealthState
+from gpumetrics.nvml.tick import probe, run_tick
+from gpumetrics.nvml.workers import Job, Status, WorkerPool
+from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
+
+_GPU_TYPE = ((names.AttrHwType, names.HwTypeGPU),)
+
+
+@dataclass
+class CycleReport:
+    """What one :meth:`Collector.collect_once` did.
+
+    Attributes:
+        up: NVML was up for the cycle.
+        reason: ``gpumetrics.nvml.up`` reason (``ok``, ``released``, ``lib_rm_version_mismatch``...).
+        states: ``hw.state`` per device UUID (MIG instances included).
+        timed_out: device UUIDs abandoned at a deadline (or still busy) this cycle.
+        points: data points committed to the producer.
+
+    """
+
+    up: bool
+    reason: str
+    states: dict[str, str] = field(default_factory=dict)
+    timed_out: list[str] = field(default_factory=list)
+    points: int = 0
+
+
+class Collector:
+    """Reads every GPU through NVML on a schedule and records points into a producer.
+
+    Args:
+        producer: where points go (host buffer for device metrics, one per process).
+        settings: cadences, deadlines, back-off, enabled metrics.
+        telemetry: self-telemetry (errors, drops, durations, devices by state, nvml up).
+        clock_ns: wall clock, Unix-epoch ns (point times). Tests pass the simulator's clock.
+        monotonic_ns: monotonic clock, ns (cadences and back-off).
+        boot_time_ns: the host boot time in Unix-epoch ns (converts boot-domain sample times).
+        log: logger (default ``gpumetrics.nvml``).
+
+    """
+
+    def __init__(
+        self,
+        producer: Producer,
+        settings: CollectionSettings,
+        telemetry: SelfTelemetry = NO_TELEMETRY,
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+        monotonic_ns: Callable[[], int] = time.monotonic_ns,
+        boot_time_ns: Callable[[], int] = boot_time_ns,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self._producer = producer
+        self._settings = settings
+        self._telemetry = telemetry
+        self._log = log or logging.getLogger("gpumetrics.nvml")
+        self._session = Session(settings, monotonic_ns, self._log)
+        self._ctx = Context(
+            settings=settings,
+            session=self._session,
+            telemetry=telemetry,
+            log=self._log,
+            clock_ns=clock_ns,
+            monotonic_ns=monotonic_ns,
+            timebase=TimeBase(boot_time_ns),
+            pid_max=settings.pid_max or read_pid_max(settings.proc_root),
+        )
+        self._system = DeviceCalls("system", telemetry, self._log)
+        self._pool = WorkerPool(settings.call_timeout_s)
+        self._devices: list[Device] = []
+        self._known: dict[str, Device] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self.ready = threading.Event()
+        """Set after the first complete collection cycle."""
+        self.exit_requested = threading.Event()
+        """Set when the sidecar should exit non-zero (:attr:`exit_code`), e.g. F12."""
+        self._publish_up()
+
+    # --- public API --------------------------------------------------------------------
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code requested with :attr:`exit_requested`, or None."""
+        return self._session.exit_code
+
+    def nvml_up(self) -> bool:
+        """True while NVML is initialised and answering."""
+        return self._session.up
+
+    def devices(self) -> list[Device]:
+        """The current devices (physical GPUs and placeholders; MIG instances hang off them)."""
+        with self._lock:
+            return list(self._devices)
+
+    def start(self) -> None:
+        """Start the scheduler thread and return at once (init is retried in the background)."""
+        with self._lock:
+            if self._thread is not None or self._stopped:
+                return
+            self._thread = threading.Thread(
+                target=self._run, name="gpumetrics-nvml-scheduler", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        interval = self._settings.interval_s
+        while not self._stop.is_set():
+            began = time.monotonic()
+            self.collect_once()
+            if self.exit_requested.is_set():
+                return
+            self._stop.wait(max(0.0, interval - (time.monotonic() - began)))
+
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stop scheduling, join the workers, then call ``nvmlShutdown`` exactly once.
+
+        Returns:
+            True when every worker stopped and NVML was shut down (or never initialised);
+            False when a worker is still inside an NVML call: ``nvmlShutdown`` is then skipped,
+            since shutting down under an in-flight call crashes the real library (F22).
+
+        """
+        end = time.monotonic() + timeout_s
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.0, end - time.monotonic()))
+        with self._lock:
+            if self._stopped:
+                return True
+            self._stopped = True
+            clean = self._pool.close(max(0.0, end - time.monotonic()))
+            if thread is not None and thread.is_alive():
+                clean = False
+            if not clean:
+                self._log.error(
+                    "NVML calls still in flight after %.1f s; not calling nvmlShutdown", timeout_s
+                )
+                return False
+            self._session.shutdown()
+            self._publish_up()
+            return True
+
+    def release(self, timeout_s: float = 5.0) -> bool:
+        """Release NVML on request (driver unbind, GPU reset, MIG reconfiguration; F13).
+
+        Stops device work, calls ``nvmlShutdown`` and makes no NVML call until :meth:`resume`.
+        Returns False (and releases nothing) if a worker is stuck in a call.
+        """
+        with self._lock:
+            if not self._pool.close(timeout_s):
+                self._log.error("cannot release NVML: a call is still in flight")
+                return False
+            self._pool = WorkerPool(self._settings.call_timeout_s)
+            self._forget_devices()
+            self._session.release()
+            self._publish_up()
+            return True
+
+    def resume(self) -> None:
+        """Allow NVML to be initialised again after :meth:`release` (at the next cycle)."""
+        with self._lock:
+            self._session.resume()
+
+    # --- one cycle ---------------------------------------------------------------------
+    def collect_once(self) -> CycleReport:
+        """Run one collection cycle now and commit its points to the producer."""
+        with self._lock:
+            began = time.perf_counter()
+            report = self._cycle()
+            self._telemetry.set(
+                "gpumetrics.collection.duration", time.perf_counter() - began, {"cadence": "tick"}
+            )
+            self._publish_up()
+            if self._session.exit_code is not None:
+                self.exit_requested.set()
+            elif report.up:
+                self.ready.set()
+            return report
+
+    def _cycle(self) -> CycleReport:
+        s = self._session
+        if self._stopped:
+            return CycleReport(False, "stopped")
+        if not s.up:
+            if not s.ensure() or not self._discover():
+                self._count_init_errors()
+                self._publish_devices()
+                return CycleReport(False, s.reason)
+            self._count_init_errors()
+        ctx = self._ctx
+        now_ns, mono_ns = ctx.clock_ns(), ctx.monotonic_ns()
+        jobs: dict[str, Job] = {}
+        ticks: dict[str, Tick] = {}
+        for dev in self._devices:
+            if dev.health.failed and not dev.health.probe_due(mono_ns):
+                continue
+            tick = ticks[dev.uuid] = Tick(ctx, now_ns, mono_ns)
+            jobs[dev.uuid] = Job(self._job(dev, tick), _in_flight(dev))
+        outcomes = self._pool.run(jobs, self._settings.cycle_deadline_s)
+        report = CycleReport(True, "ok")
+        points = Points()
+        replaced: dict[str, Device] = {}
+        for key, out in outcomes.items():
+            dev = next(d for d in self._devices if d.uuid == key)
+            if out.status is Status.DONE:
+                fresh, got = out.result
+                if fresh is not dev:
+                    replaced[key] = fresh
+                if got is not None:
+                    points.extend(got)
+            elif out.status is Status.FAILED:
+                if isinstance(out.error, LibraryDown):
+                    return self._library_down(out.error.error)
+                self._log.error("GPU %s: collection failed: %r", key, out.error, exc_info=out.error)
+                dev.health.tick_done(True, type(out.error).__name__)
+            else:
+                report.timed_out.append(key)
+                self._timeout(dev, out.function, out.status is Status.BUSY)
+        self._replace(replaced)
+        report.points = self._commit(points, now_ns)
+        report.states = {d.uuid: d.health.state.value for d in self._all_devices()}
+        return report
+
+    def _job(self, dev: Device, tick: Tick) -> Callable[[], tuple[Device, Points | None]]:
+        def run() -> tuple[Device, Points | None]:
+            current = dev
+            if dev.health.failed:
+                fresh = probe(dev, tick)
+                if fresh is None:
+                    return dev, None
+                _carry(dev, fresh)
+                current = fresh
+            try:
+                run_tick(current, tick)
+            except DeviceLost as lost:
+                current.health.fail(tick.mono_ns, lost.error.code_name)
+                return current, None
+            return current, tick.points
+
+        return run
+
+    def _timeout(self, dev: Device, function: str | None, busy: bool) -> None:
+        if not busy:
+            self._telemetry.add(
+                "gpumetrics.collection.timeouts", 1, {"nvml.function": function or "unknown"}
+            )
+        dev.health.tick_done(True, f"timeout in {function or 'unknown'}")
+
+    def _replace(self, replaced: dict[str, Device]) -> None:
+        for old_key, fresh in replaced.items():
+            keep = [d for d in self._devices if d.uuid != fresh.uuid or d.uuid == old_key]
+            self._devices = [fresh if d.uuid == old_key else d for d in keep]
+            if old_key != fresh.uuid:
+                self._pool.forget(old_key)
+            self._log.info("GPU %s is back (index %s)", fresh.uuid, fresh.index)
+
+    def _discover(self) -> bool:
+        try:
+            self._devices = discover(self._ctx, self._system, self._known)
+        except LibraryDown as down:
+            self._library_down(down.error)
+            return False
+        except (QueryError, DeviceLost) as err:
+            qe = err if isinstance(err, QueryError) else err.error
+            self._library_down(qe)
+            return False
+        self._known.update({d.uuid: d for d in self._devices})
+        self._log.info("NVML sees %d GPU(s)", len(self._devices))
+        return True
+
+    def _library_down(self, err: QueryError) -> CycleReport:
+        self._session.lost(err)
+        self._forget_devices()
+        self._publish_devices()
+        return CycleReport(False, self._session.reason)
+
+    def _forget_devices(self) -> None:
+        self._known.update({d.uuid: d for d in self._devices})
+        for d in self._devices:
+            self._pool.forget(d.uuid)
+        self._devices = []
+
+    def _count_init_errors(self) -> None:
+        errors, self._session.init_errors = self._session.init_errors, []
+        for err in errors:
+            self._telemetry.add(
+                "gpumetrics.nvml.errors",
+                1,
+                {"nvml.function": err.function, "nvml.return_code": err.code_name},
+            )
+
+    # --- output ------------------------------------------------------------------------
+    def _all_devices(self) -> list[Device]:
+        out = []
+        for d in self._devices:
+            out.append(d)
+            out.extend(d.instances.values())
+        return out
+
+    def _commit(self, points: Points, now_ns: int) -> int:
+        status = Points()
+        for d in self._all_devices():
+            attrs = d.attrs + _GPU_TYPE
+            for state, value in d.health.status_values():
+                status.add(
+                    names.MetricStatus,
+                    value,
+                    now_ns,
+                    attrs + ((names.AttrHwState, state),),
+                    d.start_ns,
+                )
+        by_pid: dict[int, list[Any]] = {}
+        for p in points.processes:
+            by_pid.setdefault(p[0], []).append(p[1:])
+        dropped = 0
+
+        def host(buf: MetricBuffer) -> int:
+            nonlocal dropped
+            n = 0
+            for metric, value, t, attrs, start in (*status.host, *points.host):
+                try:
+                    buf.add(metric, value, t, attrs, start)
+                    n += 1
+                except ValueError:
+                    dropped += 1
+            return n
+
+        def proc(rows: list[Any]) -> Callable[[MetricBuffer], int]:
+            def fn(buf: MetricBuffer) -> int:
+                nonlocal dropped
+                n = 0
+                for metric, value, t, attrs, start in rows:
+                    try:
+                        buf.add(metric, value, t, attrs, start)
+                        n += 1
+                    except ValueError:
+                        dropped += 1
+                return n
+
+            return fn
+
+        n = self._producer.record_host(host)
+        for pid, rows in by_pid.items():
+            n += self._producer.record_process(pid, proc(rows))
+        if dropped:
+            self._telemetry.add("gpumetrics.values.dropped", dropped, {"reason": "invalid_point"})
+        self._publish_devices()
+        return n
+
+    def _publish_devices(self) -> None:
+        counts = {s.value: 0 for s in HealthState}
+        for d in self._all_devices():
+            counts[d.health.state.value] += 1
+        self._telemetry.replace(
+            "gpumetrics.devices", {(("hw.state", state),): n for state, n in counts.items()}
+        )
+
+    def _publish_up(self) -> None:
+        up = self._session.up
+        self._telemetry.replace(
+            "gpumetrics.nvml.up", {(("reason", self._session.reason),): int(up)}
+        )
+
+
+def _in_flight(dev: Device) -> Callable[[], tuple[str, float] | None]:
+    def probe_flight() -> tuple[str, float] | None:
+        for d in (dev, *dev.instances.values()):
+            flight = d.calls.in_flight
+            if flight is not None:
+                return flight
+        return None
+
+    return probe_flight
+
+
+def _carry(old: Device, fresh: Device) -> None:
+    """Give a recovered device the series state of its old record (same UUID only)."""
+    if old.uuid != fresh.uuid:
+        return
+    fresh.start_ns = old.start_ns
+    fresh.cursors = old.cursors
+    for key in ("energy", "ecc", "process_start"):
+        if key in old.state:
+            fresh.state[key] = old.state[key]

@@ -1,0 +1,109 @@
+"""Board power (W), enforced power limit (W) and total energy (J) of a physical GPU.
+
+- ``hw.power{hw.type=gpu}``: every sample of the TOTAL_POWER buffer becomes its own point at its
+  own time; when the buffer is empty or unsupported, one ``nvmlDeviceGetPowerUsage`` reading at
+  the tick's time (mW → W).
+- ``nvidia.gpu.power.limit``: ``nvmlDeviceGetEnforcedPowerLimit`` (mW → W), the limit the driver
+  actually enforces (all limiters combined). Unsupported (GB10, vGPU) → absent, never 0.
+- ``hw.energy{hw.type=gpu}``: ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since driver load → J)
+  as a cumulative monotonic Sum with reset detection (:mod:`gpumetrics.nvml.counters`, F23).
+  Unsupported before Volta (F07) → absent, called once.
+
+On a MIG-enabled GPU these are read on the parent only; MIG instances never repeat them.
+"""
+
+from __future__ import annotations
+
+import pynvml
+
+from gpumetrics.metrics import names
+from gpumetrics.nvml import convert
+from gpumetrics.nvml.context import Tick
+from gpumetrics.nvml.counters import CounterTracker
+from gpumetrics.nvml.device import Device
+from gpumetrics.nvml.samples import TOTAL_POWER
+
+_GPU = ((names.AttrHwType, names.HwTypeGPU),)
+
+
+def collect_power(dev: Device, tick: Tick) -> None:
+    """Add ``hw.power`` points: power samples, or one ``nvmlDeviceGetPowerUsage`` reading."""
+    if not tick.wants(names.MetricPower):
+        return
+    attrs = dev.attrs + _GPU
+    samples = tick.samples(dev, TOTAL_POWER)
+    if samples:
+        for s in samples:
+            _add_w(
+                dev,
+                tick,
+                "nvmlDeviceGetSamples",
+                names.MetricPower,
+                s.value,
+                s.time_unix_nano,
+                attrs,
+            )
+        return
+    mw = dev.calls.get(
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetPowerUsage",
+        pynvml.nvmlDeviceGetPowerUsage,
+        dev.handle,
+    )
+    if mw is not None:
+        _add_w(dev, tick, "nvmlDeviceGetPowerUsage", names.MetricPower, mw, tick.now_ns, attrs)
+
+
+def collect_power_limit(dev: Device, tick: Tick) -> None:
+    """Add the ``nvidia.gpu.power.limit`` point (enforced limit)."""
+    if not tick.wants(names.MetricGPUPowerLimit):
+        return
+    mw = dev.calls.get(
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        pynvml.nvmlDeviceGetEnforcedPowerLimit,
+        dev.handle,
+    )
+    if mw is not None:
+        _add_w(
+            dev,
+            tick,
+            "nvmlDeviceGetEnforcedPowerLimit",
+            names.MetricGPUPowerLimit,
+            mw,
+            tick.now_ns,
+            dev.attrs,
+        )
+
+
+def collect_energy(dev: Device, tick: Tick) -> None:
+    """Add the ``hw.energy`` point with its series start time (reset → new start, F23)."""
+    if not tick.wants(names.MetricEnergy):
+        return
+    mj = dev.calls.get(
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        pynvml.nvmlDeviceGetTotalEnergyConsumption,
+        dev.handle,
+    )
+    if mj is None:
+        return
+    joules, reason = convert.mj_to_j(int(mj))
+    if joules is None:
+        dev.calls.drop("nvmlDeviceGetTotalEnergyConsumption", reason or convert.SENTINEL)
+        return
+    tracker = dev.state.get("energy")
+    if tracker is None:
+        tracker = dev.state["energy"] = CounterTracker(f"GPU {dev.uuid} energy", tick.ctx.log)
+    start = tracker.observe(int(mj), tick.now_ns)
+    tick.points.add(names.MetricEnergy, joules, tick.now_ns, dev.attrs + _GPU, start)
+
+
+def _add_w(
+    dev: Device, tick: Tick, function: str, metric: str, mw: int | float, time_ns: int, attrs: tuple
+) -> None:
+    watts, reason = convert.mw_to_w(mw)
+    if watts is None:
+        dev.calls.drop(function, reason or convert.SENTINEL)
+        return
+    tick.points.add(metric, watts, time_ns, attrs)

@@ -1,0 +1,121 @@
+"""Per-process utilisation samples → ``nvidia.gpu.process.utilization`` / ``…memory_copy.utilization``.
+
+The defect this module exists to avoid (``prior-art.md`` §4 finding 1): the reference design
+passed a pid where ``nvmlDeviceGetProcessUtilization`` expects a last-seen timestamp, then
+stamped every returned sample with that one pid. Here:
+
+- **one call per device per tick**, ``nvmlDeviceGetProcessesUtilizationInfo`` where the driver
+  has it (~R550+, adds JPEG/OFA) and ``nvmlDeviceGetProcessUtilization`` otherwise (a
+  FUNCTION_NOT_FOUND or NOT_SUPPORTED from the newer call switches the device to the older one);
+- ``lastSeenTimeStamp`` is the newest sample timestamp from the previous call, kept per device in
+  the driver's clock domain; NOT_FOUND (nothing newer, F19) and the SUCCESS-on-sizing quirk mean
+  "no samples" and leave it unchanged;
+- results are **indexed by each sample's own pid**, and each sample is its own point at its own
+  (converted) time: ``smUtil`` → ``hw.gpu.task=general``, ``encUtil`` → encoder, ``decUtil`` →
+  decoder, ``memUtil`` → memory-copy utilisation;
+- a sample whose pid is impossible or any of whose percentages lies outside 0–100 (``smUtil``
+  0xFFFFFFFF, F24) is dropped whole and counted;
+- when this tick's process lists were read, only samples of pids in them are kept: the driver
+  also returns samples of processes that just exited, and capacity-sized buffers can hold stale
+  entries (nvtop #110); a process that stopped using the GPU gets no point;
+- INSUFFICIENT_SIZE (samples arriving between the sizing and the data call) is retried like the
+  process lists (F20).
+
+Not called on MIG-enabled GPUs, where both APIs are documented unsupported (``nvml.md`` §1.8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import pynvml
+
+from gpumetrics.metrics import names
+from gpumetrics.nvml import convert
+from gpumetrics.nvml.context import Tick
+from gpumetrics.nvml.device import Device
+from gpumetrics.nvml.query import ErrorKind, QueryError, binding
+
+NEW = "nvmlDeviceGetProcessesUtilizationInfo"
+OLD = "nvmlDeviceGetProcessUtilization"
+CURSOR = "process_utilization"
+_INSUFFICIENT = frozenset({pynvml.NVML_ERROR_INSUFFICIENT_SIZE})
+_TASKS = (
+    ("smUtil", names.MetricProcessUtilization, ((names.AttrHwGPUTask, names.GPUTaskGeneral),)),
+    ("encUtil", names.MetricProcessUtilization, ((names.AttrHwGPUTask, names.GPUTaskEncoder),)),
+    ("decUtil", names.MetricProcessUtilization, ((names.AttrHwGPUTask, names.GPUTaskDecoder),)),
+    ("memUtil", names.MetricProcessMemoryCopyUtilization, ()),
+)
+
+
+def _read(dev: Device, tick: Tick) -> tuple[str, list[Any]] | None:
+    c = dev.calls
+    cursor = dev.cursors.get(CURSOR)
+    for function in (NEW, OLD):
+        fn = binding(function)
+        if fn is None or not c.enabled(function):
+            continue
+        last: QueryError | None = None
+        for _ in range(tick.ctx.settings.insufficient_size_attempts):
+            try:
+                return function, list(
+                    c.query(function, function, fn, dev.handle, cursor, retry_codes=_INSUFFICIENT)
+                )
+            except QueryError as err:
+                if err.code in _INSUFFICIENT:
+                    last = err
+                    continue
+                if err.kind is ErrorKind.NOT_FOUND:
+                    return function, []
+                if (
+                    err.kind in (ErrorKind.FUNCTION_MISSING, ErrorKind.UNSUPPORTED)
+                    and function == NEW
+                ):
+                    break
+                return None
+        if last is not None:
+            c.record(last)
+            c.drop(function, "insufficient_size")
+            return None
+    return None
+
+
+def collect_process_utilization(dev: Device, tick: Tick, live_pids: Collection[int] | None) -> None:
+    """Add per-process utilisation points from one call on ``dev``.
+
+    Args:
+        dev: a physical GPU without MIG.
+        tick: the current tick.
+        live_pids: pids in this tick's process lists, or None when the lists were unavailable.
+
+    """
+    if not tick.wants(names.MetricProcessUtilization, names.MetricProcessMemoryCopyUtilization):
+        return
+    got = _read(dev, tick)
+    if got is None:
+        return
+    function, samples = got
+    newest = None
+    pid_max = tick.ctx.pid_max
+    for s in samples:
+        ts = int(s.timeStamp)
+        newest = ts if newest is None else max(newest, ts)
+        pid = int(s.pid)
+        if not 1 <= pid <= pid_max:
+            dev.calls.drop(function, "invalid_pid", detail=str(pid))
+            continue
+        values = [int(getattr(s, field)) for field, _, _ in _TASKS]
+        if any(not 0 <= v <= 100 for v in values):
+            dev.calls.drop(function, convert.OUT_OF_RANGE, detail=f"pid {pid}: {values}")
+            continue
+        if live_pids is not None and pid not in live_pids:
+            continue
+        time_ns = tick.ctx.timebase.to_unix_ns(ts)
+        for (field, metric, extra), value in zip(_TASKS, values, strict=True):
+            if not tick.wants(metric):
+                continue
+            ratio, _ = convert.percent_to_ratio(value)
+            if ratio is not None:
+                tick.points.add_process(pid, metric, ratio, time_ns, dev.id_attrs + extra)
+    dev.cursors.advance(CURSOR, newest)

@@ -1,0 +1,142 @@
+"""One tick of one physical GPU (and its MIG instances), run on that GPU's worker.
+
+Order of reads in a tick (each NVML call made at most once; one read feeds every metric that
+needs it):
+
+- GPU without MIG: utilisation (samples, snapshot fallback), encoder/decoder, memory, power
+  (samples, snapshot fallback), power limit, energy, temperature, clocks, clock-event reasons,
+  PCIe (when due), ECC (when due), process lists, process utilisation.
+- MIG-enabled GPU: board-level values once on the parent (power, limit, energy, temperature,
+  clocks, reasons, PCIe, ECC); utilisation and process utilisation are skipped (documented
+  unsupported under MIG); then, per MIG instance, memory and process lists on the instance
+  handle. Instances are re-enumerated every ``mig_interval_s`` and in the next tick after an
+  instance handle went stale.
+
+A failed device gets only its back-off probe (:func:`probe`). Fatal answers propagate:
+:class:`~gpumetrics.nvml.calls.DeviceLost` marks the device (or instance) failed and ends its
+tick; :class:`~gpumetrics.nvml.calls.LibraryDown` ends every device's tick.
+"""
+
+from __future__ import annotations
+
+import pynvml
+
+from gpumetrics.nvml.calls import DeviceLost
+from gpumetrics.nvml.clocks import collect_clocks, collect_event_reasons
+from gpumetrics.nvml.context import Tick
+from gpumetrics.nvml.device import Device, enumerate_mig, read_physical
+from gpumetrics.nvml.ecc import collect_ecc
+from gpumetrics.nvml.memory import collect_memory
+from gpumetrics.nvml.pcie import collect_pcie
+from gpumetrics.nvml.power import collect_energy, collect_power, collect_power_limit
+from gpumetrics.nvml.processes import collect_process_memory, read_processes
+from gpumetrics.nvml.procutil import collect_process_utilization
+from gpumetrics.nvml.query import QueryError
+from gpumetrics.nvml.thermal import collect_temperature
+from gpumetrics.nvml.utilization import collect_codec, collect_utilization
+
+
+def _board(dev: Device, tick: Tick) -> None:
+    collect_power(dev, tick)
+    collect_power_limit(dev, tick)
+    collect_energy(dev, tick)
+    collect_temperature(dev, tick)
+    collect_clocks(dev, tick)
+    collect_event_reasons(dev, tick)
+    collect_pcie(dev, tick)
+    collect_ecc(dev, tick)
+
+
+def _processes(dev: Device, tick: Tick, utilization: bool) -> None:
+    if not tick.ctx.settings.process_metrics:
+        return
+    entries = read_processes(dev, tick)
+    if entries is not None:
+        collect_process_memory(dev, tick, entries)
+    if utilization:
+        collect_process_utilization(dev, tick, None if entries is None else entries.keys())
+
+
+def _instance(inst: Device, tick: Tick) -> bool:
+    """Read one MIG instance into its own points; True when its handle went stale."""
+    inst.calls.begin_tick()
+    sub = Tick(tick.ctx, tick.now_ns, tick.mono_ns)
+    try:
+        collect_memory(inst, sub)
+        _processes(inst, sub, utilization=False)
+    except DeviceLost as lost:
+        inst.health.fail(tick.mono_ns, lost.error.code_name)
+        return True
+    stale = any(r in ("INVALID_ARGUMENT", "NOT_FOUND") for r in inst.calls.reasons)
+    inst.health.tick_done(inst.calls.degraded, ",".join(inst.calls.reasons))
+    tick.points.extend(sub.points)
+    return stale
+
+
+def run_tick(dev: Device, tick: Tick) -> None:
+    """Read every due metric of a healthy physical GPU into ``tick.points``.
+
+    Raises:
+        DeviceLost: the GPU is lost (its points for this tick must be discarded).
+        LibraryDown: a lifecycle code (every device's points must be discarded).
+
+    """
+    dev.calls.begin_tick()
+    if dev.mig_enabled:
+        _board(dev, tick)
+        last = dev.state.get("mig_enumerated_ns")
+        due = last is None or tick.mono_ns - last >= round(tick.ctx.settings.mig_interval_s * 1e9)
+        if due or dev.state.pop("mig_stale", False):
+            enumerate_mig(tick.ctx, dev, tick.now_ns)
+        for inst in list(dev.instances.values()):
+            if _instance(inst, tick):
+                dev.state["mig_stale"] = True
+    else:
+        collect_utilization(dev, tick)
+        collect_codec(dev, tick)
+        collect_memory(dev, tick)
+        _board(dev, tick)
+        _processes(dev, tick, utilization=True)
+    dev.health.tick_done(dev.calls.degraded, ",".join(dev.calls.reasons))
+
+
+def probe(dev: Device, tick: Tick) -> Device | None:
+    """One back-off probe of a failed device; return its fresh record when it answers again.
+
+    A device with a known UUID is looked up with ``nvmlDeviceGetHandleByUUID`` (it may come
+    back at another index, F11 variant B) and must answer ``nvmlDeviceGetIndex``; a placeholder
+    (``index:N``) retries ``nvmlDeviceGetHandleByIndex(N)`` and reads its identity (F10).
+    Returns None (and schedules the next probe) while it still fails.
+
+    Raises:
+        LibraryDown: a lifecycle code.
+
+    """
+    c = dev.calls
+    c.begin_tick()
+    try:
+        if dev.uuid.startswith("index:"):
+            assert dev.index is not None
+            handle = c.query(
+                "nvmlDeviceGetHandleByIndex",
+                "nvmlDeviceGetHandleByIndex",
+                pynvml.nvmlDeviceGetHandleByIndex,
+                dev.index,
+            )
+            return read_physical(tick.ctx, c, handle, dev.index, tick.now_ns)
+        handle = c.query(
+            "nvmlDeviceGetHandleByUUID",
+            "nvmlDeviceGetHandleByUUID",
+            pynvml.nvmlDeviceGetHandleByUUID,
+            dev.uuid,
+        )
+        index = int(
+            c.query("nvmlDeviceGetIndex", "nvmlDeviceGetIndex", pynvml.nvmlDeviceGetIndex, handle)
+        )
+        return read_physical(tick.ctx, c, handle, index, tick.now_ns)
+    except DeviceLost as lost:
+        dev.health.fail(tick.mono_ns, lost.error.code_name)
+        return None
+    except QueryError as err:
+        dev.health.fail(tick.mono_ns, err.code_name)
+        return None

@@ -1,0 +1,198 @@
+"""One worker thread per device, so a slow or hung device never stalls the others (F21).
+
+NVML calls cannot be interrupted from Python: a thread inside a hung driver call stays there.
+So each device gets its own long-lived worker thread, and the tick coordinator only *waits* for
+results, up to two deadlines measured on ``time.monotonic`` (real time):
+
+- the **per-call deadline** (``call_timeout_s``): a job whose current NVML call has run longer
+  is abandoned for this tick;
+- the **cycle deadline** (``cycle_timeout_s``, default ``interval_s``): whatever has not finished
+  by then is abandoned.
+
+An abandoned job keeps running on its worker; its result is discarded when it eventually
+returns, and until then the device is reported ``busy`` and gets no new job (no pile-up behind
+a hung call). :meth:`WorkerPool.close` stops and joins every worker; it reports whether all of
+them stopped, so the collector knows whether ``nvmlShutdown`` is safe (F22).
+"""
+
+from __future__ import annotations
+
+import enum
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class Status(enum.Enum):
+    """What became of one device's job in a tick."""
+
+    DONE = "done"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    BUSY = "busy"
+
+
+@dataclass
+class Outcome:
+    """A job's outcome: its result, the exception it raised, or the call it was stuck in.
+
+    Attributes:
+        status: see :class:`Status`.
+        result: the job's return value (DONE).
+        error: the exception the job raised (FAILED).
+        function: the NVML call in flight when the job was abandoned (TIMED_OUT / BUSY), if known.
+
+    """
+
+    status: Status
+    result: Any = None
+    error: BaseException | None = None
+    function: str | None = None
+
+
+@dataclass
+class Job:
+    """One device's work for a tick.
+
+    Attributes:
+        run: the work (runs on the device's worker thread).
+        in_flight: returns ``(function, start on time.monotonic)`` of the NVML call running now.
+
+    """
+
+    run: Callable[[], Any]
+    in_flight: Callable[[], tuple[str, float] | None]
+
+
+class _Worker:
+    def __init__(self, name: str, done: threading.Condition) -> None:
+        self._jobs: queue.SimpleQueue[tuple[int, Job] | None] = queue.SimpleQueue()
+        self._done = done
+        self.ticket = 0
+        self.result: tuple[int, Outcome] | None = None
+        self.job: Job | None = None
+        self.busy = False
+        self.thread = threading.Thread(
+            target=self._loop, name=f"gpumetrics-nvml-{name}", daemon=True
+        )
+        self.thread.start()
+
+    def submit(self, ticket: int, job: Job) -> None:
+        self.busy = True
+        self.job = job
+        self._jobs.put((ticket, job))
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            ticket, job = item
+            try:
+                outcome = Outcome(Status.DONE, result=job.run())
+            except BaseException as exc:  # noqa: BLE001 - delivered to the coordinator
+                outcome = Outcome(Status.FAILED, error=exc)
+            with self._done:
+                self.result = (ticket, outcome)
+                self.busy = False
+                self._done.notify_all()
+
+
+class WorkerPool:
+    """Long-lived worker threads keyed by device.
+
+    Args:
+        call_timeout_s: per-call deadline (s).
+
+    """
+
+    def __init__(self, call_timeout_s: float) -> None:
+        self._call_timeout = call_timeout_s
+        self._done = threading.Condition()
+        self._workers: dict[str, _Worker] = {}
+        self._ticket = 0
+
+    def run(self, jobs: Mapping[str, Job], deadline_s: float) -> dict[str, Outcome]:
+        """Run each job on its key's worker and wait for them within the deadlines.
+
+        Args:
+            jobs: one job per device key.
+            deadline_s: the cycle deadline (s from now).
+
+        Returns:
+            One :class:`Outcome` per key in ``jobs``.
+
+        """
+        self._ticket += 1
+        ticket = self._ticket
+        outcomes: dict[str, Outcome] = {}
+        pending: dict[str, _Worker] = {}
+        with self._done:
+            for key, job in jobs.items():
+                worker = self._workers.get(key)
+                if worker is None:
+                    worker = self._workers[key] = _Worker(key, self._done)
+                if worker.busy:
+                    flight = worker.job.in_flight() if worker.job else None
+                    outcomes[key] = Outcome(Status.BUSY, function=flight[0] if flight else None)
+                    continue
+                worker.submit(ticket, job)
+                pending[key] = worker
+        end = time.monotonic() + deadline_s
+        with self._done:
+            while pending:
+                now = time.monotonic()
+                wake = end
+                for key, worker in list(pending.items()):
+                    res = worker.result
+                    if res is not None and res[0] == ticket:
+                        outcomes[key] = res[1]
+                        del pending[key]
+                        continue
+                    flight = jobs[key].in_flight()
+                    if flight is not None:
+                        overdue = flight[1] + self._call_timeout
+                        if now >= overdue or now >= end:
+                            outcomes[key] = Outcome(Status.TIMED_OUT, function=flight[0])
+                            del pending[key]
+                            continue
+                        wake = min(wake, overdue)
+                    elif now >= end:
+                        outcomes[key] = Outcome(Status.TIMED_OUT)
+                        del pending[key]
+                if pending:
+                    self._done.wait(max(0.0, min(wake, end) - now) + 0.001)
+        return outcomes
+
+    def forget(self, key: str) -> None:
+        """Stop the worker of a device that no longer exists (it exits after its current job)."""
+        worker = self._workers.pop(key, None)
+        if worker is not None:
+            worker.stop()
+
+    def close(self, timeout_s: float) -> bool:
+        """Stop every worker and join them within ``timeout_s`` in total.
+
+        Returns:
+            True when every worker thread has exited (no NVML call can still be in flight).
+
+        """
+        workers = list(self._workers.values())
+        self._workers.clear()
+        for w in workers:
+            w.stop()
+        end = time.monotonic() + timeout_s
+        for w in workers:
+            w.thread.join(max(0.0, end - time.monotonic()))
+        return not any(w.thread.is_alive() for w in workers)
+
+    def busy(self) -> list[str]:
+        """Keys of workers still running a job (e.g. stuck in a hung call)."""
+        with self._done:
+            return [k for k, w in self._workers.items() if w.busy]
