@@ -1,0 +1,52 @@
+"""The sidecar's gRPC services and their server (``docs/protocol.md``, ``docs/security.md``).
+
+One module per service (style item 14): :mod:`.pull` (``MetricsPullService``), :mod:`.profiler`
+(``ProfilerIntegrationService``), :mod:`.health`; plus :mod:`.auth` (bearer tokens),
+:mod:`.gate` (the interceptor: tokens, stream slots, malformed requests), :mod:`.tls`,
+:mod:`.settings` (``ServerSettings``) and :mod:`.server` (``SidecarServer``).
+"""
+
+# gpumetrics.selftelemetry cannot be imported before gpumetrics.metrics (circular import through
+# metrics.producer); importing the metrics package first keeps `import gpumetrics.service` safe.
+import gpumetrics.metrics  # noqa: F401, I001
+from gpumetrics.service.auth import AuthPolicy, TokenAuth, read_token_file
+from gpumetrics.service.health import SidecarHealth
+from gpumetrics.service.names import (
+    HEALTH_SERVICE,
+    OVERALL_HEALTH,
+    PROFILER_SERVICE,
+    PULL_SERVICE,
+    REFLECTION_SERVICE,
+)
+from gpumetrics.service.profiler import DECLARER_METADATA_KEY, DeclaredStoreAPI, ProfilerServicer
+from gpumetrics.service.pull import DEFAULT_PULL_MAX_BYTES, PullServicer
+from gpumetrics.service.server import BoundAddresses, SidecarServer
+from gpumetrics.service.settings import (
+    DEFAULT_LISTEN,
+    ListenAddress,
+    ServerSettings,
+    parse_listen_address,
+)
+
+__all__ = [
+    "DECLARER_METADATA_KEY",
+    "DEFAULT_LISTEN",
+    "DEFAULT_PULL_MAX_BYTES",
+    "HEALTH_SERVICE",
+    "OVERALL_HEALTH",
+    "PROFILER_SERVICE",
+    "PULL_SERVICE",
+    "REFLECTION_SERVICE",
+    "AuthPolicy",
+    "BoundAddresses",
+    "DeclaredStoreAPI",
+    "ListenAddress",
+    "ProfilerServicer",
+    "PullServicer",
+    "ServerSettings",
+    "SidecarHealth",
+    "SidecarServer",
+    "TokenAuth",
+    "parse_listen_address",
+    "read_token_file",
+]

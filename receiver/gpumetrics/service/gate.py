@@ -1,0 +1,248 @@
+"""The server interceptor every call passes: authentication, stream slots, malformed requests.
+
+One :class:`Gatekeeper` per ``grpc.Server``:
+
+1. **Authentication** (:mod:`gpumetrics.service.auth`): the service's :class:`AuthPolicy` is
+   checked against the call's bearer token; a refused call never reaches a servicer and is
+   answered UNAUTHENTICATED or PERMISSION_DENIED. The check runs in grpcio's polling thread
+   (it must be quick: a dictionary lookup and constant-time compares).
+2. **Stream slots.** In grpcio's synchronous server each open streaming call holds a worker
+   thread for its whole life (style item 14; grpc PR #17747). The pool has
+   ``max_streams + unary_workers`` threads; at most ``max_streams`` streaming calls run at once,
+   and one more is refused with RESOURCE_EXHAUSTED at once, so ``unary_workers`` threads always
+   remain for Pull, Check and declarations. Health ``Watch`` is non-blocking (it holds no
+   thread) and is not counted.
+3. **Malformed requests.** grpcio answers a request it cannot parse with INTERNAL; here the
+   parse error becomes INVALID_ARGUMENT naming the message type, before any servicer code runs.
+
+Refusals are counted in ``gpumetrics.server.rejected_calls{rpc.method, reason}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import grpc
+
+from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
+from gpumetrics.service.auth import AuthPolicy, TokenAuth
+from gpumetrics.service.names import service_of
+
+log = logging.getLogger(__name__)
+
+_LOGGED_MAX = 256
+
+
+class _Malformed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class StreamSlots:
+    """Counts open streaming calls against a limit (one per worker thread they hold).
+
+    Args:
+        limit: most streaming calls open at once (>= 1).
+
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"max_streams: must be >= 1, got {limit}")
+        self.limit = limit
+        self._cond = threading.Condition()
+        self._open = 0
+
+    @property
+    def open(self) -> int:
+        """Streaming calls open now."""
+        with self._cond:
+            return self._open
+
+    def try_enter(self) -> bool:
+        """Take a slot; False when all are taken."""
+        with self._cond:
+            if self._open >= self.limit:
+                return False
+            self._open += 1
+            return True
+
+    def leave(self) -> None:
+        """Give a slot back."""
+        with self._cond:
+            self._open -= 1
+            self._cond.notify_all()
+
+    def wait_open_at_most(self, n: int, timeout: float) -> bool:
+        """Wait until at most ``n`` streams are open; False if ``timeout`` s passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._open <= n, timeout)
+
+
+class Gatekeeper(grpc.ServerInterceptor):
+    """Authentication, stream slots and malformed-request handling for one ``grpc.Server``.
+
+    Args:
+        auth: the configured tokens.
+        policies: service name → policy; services not listed get ``default_policy``.
+        slots: the stream slots of this server's thread pool.
+        telemetry: receives ``gpumetrics.server.rejected_calls``.
+        default_policy: policy of services not in ``policies`` (default: either token).
+
+    """
+
+    def __init__(
+        self,
+        auth: TokenAuth,
+        policies: Mapping[str, AuthPolicy],
+        slots: StreamSlots,
+        telemetry: SelfTelemetry = NO_TELEMETRY,
+        default_policy: AuthPolicy = AuthPolicy.ANY,
+    ) -> None:
+        self._auth = auth
+        self._policies = dict(policies)
+        self._default = default_policy
+        self.slots = slots
+        self._telemetry = telemetry
+        self._logged_lock = threading.Lock()
+        self._logged: set[tuple[str, str]] = set()
+
+    def set_policy(self, service: str, policy: AuthPolicy) -> None:
+        """Set the policy of ``service`` (before the server starts)."""
+        self._policies[service] = policy
+
+    def intercept_service(
+        self, continuation: Callable[[Any], Any], handler_call_details: Any
+    ) -> Any:
+        """Return the method's handler wrapped, a refusing handler, or None (UNIMPLEMENTED)."""
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        policy = self._policies.get(service_of(method), self._default)
+        denial = self._auth.check(policy, handler_call_details.invocation_metadata)
+        if denial is not None:
+            self._count(method, denial.reason, denial.message)
+            return _refusing(handler, denial.code, denial.message)
+        return self._wrap(handler, method)
+
+    # -- wrapping -------------------------------------------------------------------------------
+
+    def _count(self, method: str, reason: str, message: str) -> None:
+        self._telemetry.add(
+            "gpumetrics.server.rejected_calls",
+            1,
+            {"rpc.method": method.lstrip("/"), "reason": reason},
+        )
+        with self._logged_lock:
+            first = (method, reason) not in self._logged and len(self._logged) < _LOGGED_MAX
+            if first:
+                self._logged.add((method, reason))
+        log.log(logging.WARNING if first else logging.DEBUG, "refused %s: %s", method, message)
+
+    def _check(self, request: Any, context: Any, method: str) -> None:
+        if isinstance(request, _Malformed):
+            self._count(method, "malformed_request", str(request.error))
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"request: not a valid message for {method}: {type(request.error).__name__}",
+            )
+
+    def _enter_stream(self, context: Any, method: str) -> None:
+        if not self.slots.try_enter():
+            self._count(method, "too_many_streams", "stream limit reached")
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.slots.limit} streams are open on this listener (max_streams); retry later",
+            )
+        if not context.add_callback(self.slots.leave):
+            self.slots.leave()  # the call had already ended
+
+    def _checked_iter(self, requests: Iterator[Any], context: Any, method: str) -> Iterator[Any]:
+        for request in requests:
+            self._check(request, context, method)
+            yield request
+
+    def _wrap(self, handler: Any, method: str) -> Any:
+        parse = handler.request_deserializer
+        tolerant = _tolerant(parse)
+        ser = handler.response_serializer
+        check, enter, checked = self._check, self._enter_stream, self._checked_iter
+        if not handler.request_streaming and not handler.response_streaming:
+            uu = handler.unary_unary
+
+            def unary_unary(request: Any, context: Any) -> Any:
+                check(request, context, method)
+                return uu(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(unary_unary, tolerant, ser)
+        if not handler.request_streaming:
+            us = handler.unary_stream
+            if getattr(us, "experimental_non_blocking", False):
+
+                def non_blocking(
+                    request: Any, context: Any, send_response_callback: Any = None
+                ) -> Any:
+                    check(request, context, method)
+                    return us(request, context, send_response_callback=send_response_callback)
+
+                non_blocking.experimental_non_blocking = True  # type: ignore[attr-defined]
+                non_blocking.experimental_thread_pool = getattr(  # type: ignore[attr-defined]
+                    us, "experimental_thread_pool", None
+                )
+                return grpc.unary_stream_rpc_method_handler(non_blocking, tolerant, ser)
+
+            def unary_stream(request: Any, context: Any) -> Any:
+                check(request, context, method)
+                enter(context, method)
+                return us(request, context)
+
+            return grpc.unary_stream_rpc_method_handler(unary_stream, tolerant, ser)
+        if not handler.response_streaming:
+            su = handler.stream_unary
+
+            def stream_unary(requests: Any, context: Any) -> Any:
+                enter(context, method)
+                return su(checked(requests, context, method), context)
+
+            return grpc.stream_unary_rpc_method_handler(stream_unary, tolerant, ser)
+        ss = handler.stream_stream
+
+        def stream_stream(requests: Any, context: Any) -> Any:
+            enter(context, method)
+            return ss(checked(requests, context, method), context)
+
+        return grpc.stream_stream_rpc_method_handler(stream_stream, tolerant, ser)
+
+
+def _tolerant(parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if parse is None:
+        return None
+
+    def tolerant(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # noqa: BLE001 - any parse failure is the caller's bad input
+            return _Malformed(exc)
+
+    return tolerant
+
+
+def _refusing(handler: Any, code: grpc.StatusCode, message: str) -> Any:
+    """Return a handler shaped like ``handler`` that answers ``code`` without parsing."""
+
+    def refuse(_request: Any, context: Any) -> Any:
+        context.abort(code, message)
+
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse)
+    return grpc.unary_unary_rpc_method_handler(refuse)

@@ -1,0 +1,114 @@
+"""gRPC health for the sidecar: ``grpc_health.v1.health.HealthServicer`` with a readiness switch.
+
+Names (``shared/reference/semconv-and-otlp.md`` §3): ``""`` (the whole server) and each served
+service (``gpumetrics.v1.MetricsPullService``, ``gpumetrics.v1.ProfilerIntegrationService``)
+start NOT_SERVING, and turn SERVING when the sidecar calls :meth:`SidecarHealth.mark_ready`
+after its first collection has been stored. :meth:`SidecarHealth.enter_graceful_shutdown` makes
+every name NOT_SERVING for good (the server calls it before it stops accepting calls). ``Check``
+and ``Watch`` only read a dictionary: they never reach NVML, so the kubelet's 1 s probe deadline
+is never at risk.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from grpc_health.v1 import health, health_pb2
+
+from gpumetrics.service.names import OVERALL_HEALTH, PROFILER_SERVICE, PULL_SERVICE
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class _HealthServicer(health.HealthServicer):
+    """grpcio's servicer plus ``List``, a non-atomic listing of every name and its status.
+
+    ``List`` was added to ``health.proto`` in 2025; grpcio's servicer leaves it UNIMPLEMENTED.
+    """
+
+    def List(self, request: Any, context: Any) -> health_pb2.HealthListResponse:  # noqa: N802
+        """Return every registered name with its status."""
+        with self._lock:
+            statuses = dict(self._server_status)
+        return health_pb2.HealthListResponse(
+            statuses={k: health_pb2.HealthCheckResponse(status=v) for k, v in statuses.items()}
+        )
+
+
+class SidecarHealth:
+    """Health state of one sidecar, shared by every listener that serves ``grpc.health.v1``.
+
+    Args:
+        services: health names that follow readiness besides ``""`` (default: the pull and
+            profiler services).
+
+    Attributes:
+        servicer: the ``HealthServicer`` to register on each ``grpc.Server`` (its ``Watch`` is
+            non-blocking, so watchers hold no worker thread).
+
+    """
+
+    def __init__(self, services: Iterable[str] = (PULL_SERVICE, PROFILER_SERVICE)) -> None:
+        self.servicer: health.HealthServicer = _HealthServicer()
+        self._lock = threading.Lock()
+        self._ready = False
+        self._stopping = False
+        self._following: dict[str, None] = {OVERALL_HEALTH: None}
+        for name in services:
+            self._following[name] = None
+        for name in self._following:
+            self.servicer.set(name, NOT_SERVING)
+
+    @property
+    def ready(self) -> bool:
+        """True after :meth:`mark_ready` until ``set_ready(False)`` or shutdown."""
+        with self._lock:
+            return self._ready and not self._stopping
+
+    def add_service(self, name: str, follow_ready: bool = True) -> None:
+        """Register health name ``name`` (e.g. ``plugin`` under go-plugin).
+
+        Args:
+            name: the name ``Check`` answers for.
+            follow_ready: True: SERVING exactly when the sidecar is ready; False: SERVING from
+                now until shutdown, whatever the readiness (for names that only say "the process
+                answers").
+
+        """
+        with self._lock:
+            if self._stopping:
+                return
+            if follow_ready:
+                self._following[name] = None
+                status = SERVING if self._ready else NOT_SERVING
+            else:
+                status = SERVING
+            self.servicer.set(name, status)
+
+    def mark_ready(self) -> None:
+        """Turn every following name SERVING (called after the first collection is stored)."""
+        self.set_ready(True)
+
+    def set_ready(self, ready: bool) -> None:
+        """Set readiness; ignored after :meth:`enter_graceful_shutdown`."""
+        with self._lock:
+            if self._stopping:
+                return
+            self._ready = ready
+            status = SERVING if ready else NOT_SERVING
+            for name in self._following:
+                self.servicer.set(name, status)
+
+    def enter_graceful_shutdown(self) -> None:
+        """Make every name NOT_SERVING permanently (idempotent)."""
+        with self._lock:
+            self._stopping = True
+            self.servicer.enter_graceful_shutdown()
+
+    def status(self, name: str = OVERALL_HEALTH) -> int | None:
+        """Return the ``ServingStatus`` value of ``name``, or None when it is not registered."""
+        with self._lock:
+            return self.servicer._server_status.get(name)  # noqa: SLF001 - read-only peek

@@ -1,0 +1,30 @@
+"""Full names of the gRPC services the sidecar serves (health and reflection use them)."""
+
+from __future__ import annotations
+
+from grpc_health.v1 import health
+from grpc_reflection.v1alpha import reflection
+
+from gpumetrics.v1 import profiler_pb2, pull_pb2
+
+PULL_SERVICE: str = pull_pb2.DESCRIPTOR.services_by_name["MetricsPullService"].full_name
+"""``gpumetrics.v1.MetricsPullService``."""
+
+PROFILER_SERVICE: str = profiler_pb2.DESCRIPTOR.services_by_name[
+    "ProfilerIntegrationService"
+].full_name
+"""``gpumetrics.v1.ProfilerIntegrationService``."""
+
+HEALTH_SERVICE: str = health.SERVICE_NAME
+"""``grpc.health.v1.Health``."""
+
+REFLECTION_SERVICE: str = reflection.SERVICE_NAME
+"""``grpc.reflection.v1alpha.ServerReflection`` (the only version grpcio-reflection serves)."""
+
+OVERALL_HEALTH: str = health.OVERALL_HEALTH
+"""``""``: the health name of the server as a whole."""
+
+
+def service_of(method: str) -> str:
+    """Return the service part of a full method path (``/pkg.Service/Method`` → ``pkg.Service``)."""
+    return method.lstrip("/").split("/", 1)[0]

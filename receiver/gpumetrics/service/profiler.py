@@ -1,0 +1,262 @@
+"""``gpumetrics.v1.ProfilerIntegrationService``: declarations, exits and resyncs from a profiler.
+
+Each entry becomes one call on the identity package's declared store (the
+:class:`DeclaredStoreAPI` protocol, implemented by ``gpumetrics.identity.DeclaredStore``). The
+store validates each entry and raises a ``DeclarationError`` (a ``ValueError`` whose ``field``
+is relative to one ``ProcessDeclaration``); the servicer prefixes the field with the entry's
+place (``processes[3].environment[0].name``, ``exits[1].pid``, on a stream ``declare.pid``) and
+answers with a ``Rejection``. Accepted entries are applied even when others in the same request
+are rejected; a rejected entry changes nothing held.
+
+Limits: at most ``max_entries`` entries per request (more: RESOURCE_EXHAUSTED, nothing applied);
+the size of each field is bounded by the declared store (``max_process_context_bytes``,
+``max_environment_bytes``, ``max_profiler_resource_bytes``) and of each message by the server's
+receive limit; open streams are counted by the server (``gpumetrics.service.gate``).
+
+The *declarer* (whose declarations a resync replaces) is the ``gpumetrics-declarer`` metadata
+value (``[A-Za-z0-9._:/-]``, at most 128 bytes; empty when absent), prefixed with
+``x509:<common name>/`` when the caller presented a client certificate (mTLS), so one agent
+cannot be mistaken for another that holds a different certificate. See ``docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol
+
+import grpc
+
+from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
+from gpumetrics.v1 import profiler_pb2, profiler_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+DECLARER_METADATA_KEY = "gpumetrics-declarer"
+"""gRPC metadata key naming the declaring agent (optional)."""
+
+DEFAULT_MAX_ENTRIES = 4096
+"""Default ``max_entries``: declarations or exits per unary request."""
+
+_DECLARER_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
+_INDEX_RE = re.compile(r"\[\d+\]")
+_LOGGED_FIELDS_MAX = 64
+
+DeclarationArgs = tuple[int, int, bytes, Sequence[tuple[str, bytes]], bytes]
+"""``(pid, start_time_ticks, process_context, environment, profiler_resource)``."""
+
+
+class DeclaredStoreAPI(Protocol):
+    """What the servicer needs from the declared store (``gpumetrics.identity.DeclaredStore``)."""
+
+    def declare(
+        self,
+        pid: int,
+        start_time_ticks: int,
+        process_context: bytes,
+        environment: Sequence[tuple[str, bytes]],
+        profiler_resource: bytes,
+        declarer: str = "",
+    ) -> object:
+        """Hold one declaration; raise ``ValueError`` with ``.field`` when it is rejected."""
+
+    def exit(self, pid: int, start_time_ticks: int = 0) -> int:
+        """Release ``pid``; return how many declarations were released."""
+
+    def begin_resync(self, declarer: str) -> None:
+        """Start a resynchronisation of ``declarer``."""
+
+    def end_resync(self, declarer: str) -> int:
+        """End it; return how many declarations were released."""
+
+    def replace_all(
+        self,
+        declarer: str,
+        declarations: Iterable[DeclarationArgs],
+        on_error: Callable[[int, Any], None] | None = None,
+    ) -> int:
+        """Declare ``declarations`` as the complete view of ``declarer``; return released."""
+
+    def __len__(self) -> int:
+        """Return the number of declarations held."""
+
+
+def _args(d: profiler_pb2.ProcessDeclaration) -> DeclarationArgs:
+    env = [(e.name, e.value) for e in d.environment]
+    return (d.pid, d.start_time_ticks, d.process_context, env, d.profiler_resource)
+
+
+def declarer_of(context: Any) -> str:
+    """Return the declarer of the calling agent (see the module docstring).
+
+    Raises (through ``context.abort``): INVALID_ARGUMENT naming ``metadata gpumetrics-declarer``.
+    """
+    value = ""
+    for key, v in context.invocation_metadata() or ():
+        if key == DECLARER_METADATA_KEY:
+            value = v if isinstance(v, str) else ""
+            if _DECLARER_RE.fullmatch(value) is None:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"metadata {DECLARER_METADATA_KEY}: must be 1 to 128 characters of "
+                    "[A-Za-z0-9._:/-]",
+                )
+    names = (context.auth_context() or {}).get("x509_common_name") or ()
+    if names:
+        cn = names[0].decode("utf-8", "replace")
+        return f"x509:{cn}/{value}" if value else f"x509:{cn}"
+    return value
+
+
+class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
+    """Applies profiler declarations to a :class:`DeclaredStoreAPI`.
+
+    Args:
+        declared: the declared store.
+        telemetry: counts ``gpumetrics.declarations.rejected{field}`` (field without indices,
+            e.g. ``environment[].name``) and sets the gauge ``gpumetrics.declarations``.
+        max_entries: most declarations or exits in one unary request (>= 1).
+
+    Raises:
+        ValueError: ``max_entries`` below 1.
+
+    """
+
+    def __init__(
+        self,
+        declared: DeclaredStoreAPI,
+        telemetry: SelfTelemetry = NO_TELEMETRY,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+    ) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries: must be >= 1, got {max_entries}")
+        self._declared = declared
+        self._telemetry = telemetry
+        self._max_entries = max_entries
+        self._logged_lock = threading.Lock()
+        self._logged: set[str] = set()
+
+    # -- unary RPCs -----------------------------------------------------------------------------
+
+    def DeclareProcesses(  # noqa: N802
+        self, request: profiler_pb2.DeclareProcessesRequest, context: Any
+    ) -> profiler_pb2.DeclareProcessesResponse:
+        """Declare a batch (``replace_all``: the declarer's complete view)."""
+        self._check_count(context, "processes", len(request.processes))
+        declarer = declarer_of(context)
+        rejected: list[profiler_pb2.Rejection] = []
+        processes = request.processes
+
+        def reject(i: int, exc: Any) -> None:
+            rejected.append(self._rejection(i, processes[i].pid, f"processes[{i}]", exc))
+
+        released = 0
+        if request.replace_all:
+            released = self._declared.replace_all(
+                declarer, (_args(d) for d in processes), on_error=reject
+            )
+        else:
+            for i, d in enumerate(processes):
+                try:
+                    self._declared.declare(*_args(d), declarer=declarer)
+                except ValueError as exc:
+                    reject(i, exc)
+        self._telemetry.set("gpumetrics.declarations", len(self._declared))
+        return profiler_pb2.DeclareProcessesResponse(
+            accepted=len(processes) - len(rejected), rejected=rejected, released=released
+        )
+
+    def ReportExits(  # noqa: N802
+        self, request: profiler_pb2.ReportExitsRequest, context: Any
+    ) -> profiler_pb2.ReportExitsResponse:
+        """Release the declarations of exited processes."""
+        self._check_count(context, "exits", len(request.exits))
+        released = 0
+        rejected = []
+        for i, e in enumerate(request.exits):
+            try:
+                released += self._declared.exit(e.pid, e.start_time_ticks)
+            except ValueError as exc:
+                rejected.append(self._rejection(i, e.pid, f"exits[{i}]", exc))
+        self._telemetry.set("gpumetrics.declarations", len(self._declared))
+        return profiler_pb2.ReportExitsResponse(released=released, rejected=rejected)
+
+    # -- stream ---------------------------------------------------------------------------------
+
+    def StreamDeclarations(  # noqa: N802
+        self, request_iterator: Iterator[profiler_pb2.StreamDeclarationsRequest], context: Any
+    ) -> Iterator[profiler_pb2.StreamDeclarationsResponse]:
+        """Answer every event with one response, in order.
+
+        A stream that ends inside a resync leaves it open in the store; the agent's next
+        ``ResyncBegin`` (or ``replace_all``) restarts it.
+        """
+        declarer = declarer_of(context)
+        for event in request_iterator:
+            yield self._apply(event, declarer)
+            self._telemetry.set("gpumetrics.declarations", len(self._declared))
+
+    def _apply(
+        self, event: profiler_pb2.StreamDeclarationsRequest, declarer: str
+    ) -> profiler_pb2.StreamDeclarationsResponse:
+        kind = event.WhichOneof("event")
+        resp = profiler_pb2.StreamDeclarationsResponse
+        try:
+            if kind == "declare":
+                self._declared.declare(*_args(event.declare), declarer=declarer)
+            elif kind == "exit":
+                self._declared.exit(event.exit.pid, event.exit.start_time_ticks)
+            elif kind == "resync_begin":
+                self._declared.begin_resync(declarer)
+            elif kind == "resync_end":
+                return resp(accepted=True, released=self._declared.end_resync(declarer))
+            else:
+                return resp(
+                    rejection=self._rejection(
+                        0, 0, "", _Problem("event", "no event set (declare, exit, resync_*)")
+                    )
+                )
+        except ValueError as exc:
+            pid = event.declare.pid if kind == "declare" else event.exit.pid if kind else 0
+            prefix = kind if kind in ("declare", "exit") else ""
+            return resp(rejection=self._rejection(0, pid, prefix, exc))
+        return resp(accepted=True)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _check_count(self, context: Any, field: str, n: int) -> None:
+        if n > self._max_entries:
+            self._telemetry.add("gpumetrics.declarations.rejected", n, {"field": field})
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{field}: {n} entries exceed the limit of {self._max_entries} per request; "
+                "send smaller batches",
+            )
+
+    def _rejection(self, index: int, pid: int, prefix: str, exc: Any) -> profiler_pb2.Rejection:
+        rel = str(getattr(exc, "field", "") or "")
+        reason = str(getattr(exc, "reason", "") or exc)
+        field = f"{prefix}.{rel}" if prefix and rel else prefix or rel or "entry"
+        key = _INDEX_RE.sub("[]", rel or prefix or "entry")
+        self._telemetry.add("gpumetrics.declarations.rejected", 1, {"field": key})
+        self._log_rejection(key, field, pid, reason)
+        return profiler_pb2.Rejection(index=index, pid=pid, field=field, reason=reason)
+
+    def _log_rejection(self, key: str, field: str, pid: int, reason: str) -> None:
+        with self._logged_lock:
+            first = key not in self._logged and len(self._logged) < _LOGGED_FIELDS_MAX
+            if first:
+                self._logged.add(key)
+        level = logging.WARNING if first else logging.DEBUG
+        log.log(level, "declaration rejected (pid %d): %s: %s", pid, field, reason[:512])
+
+
+class _Problem(ValueError):
+    """A rejection the servicer itself decides (field relative to the event)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason

@@ -1,0 +1,359 @@
+"""``SidecarServer``: the gRPC servers of the sidecar, assembled from :class:`ServerSettings`.
+
+Up to three ``grpc.Server`` objects, because grpcio serves every registered service on every
+port of a server:
+
+* **main** (``listen``): ``MetricsPullService``, ``ProfilerIntegrationService`` (unless
+  ``profiler_listen`` is set), health, reflection, and whatever :meth:`SidecarServer.add_service`
+  adds (go-plugin's ``plugin.GRPCController`` and ``plugin.GRPCStdio``);
+* **profiler** (``profiler_listen``, optional): ``ProfilerIntegrationService``, health, reflection;
+* **health** (``health_listen``, optional): ``grpc.health.v1.Health`` only, plaintext, no tokens.
+
+Each of the first two has a thread pool of ``max_streams + unary_workers`` threads and a
+:class:`~gpumetrics.service.gate.Gatekeeper` (tokens, stream slots, malformed requests).
+Collaborators are passed in; nothing is global, so tests and the go-plugin mode build their own.
+"""
+
+from __future__ import annotations
+
+import grp
+import logging
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
+from gpumetrics.service.auth import AuthPolicy, TokenAuth, read_token_file
+from gpumetrics.service.gate import Gatekeeper, StreamSlots
+from gpumetrics.service.health import SidecarHealth
+from gpumetrics.service.names import (
+    HEALTH_SERVICE,
+    PROFILER_SERVICE,
+    PULL_SERVICE,
+    REFLECTION_SERVICE,
+)
+from gpumetrics.service.profiler import DeclaredStoreAPI, ProfilerServicer
+from gpumetrics.service.pull import PullServicer
+from gpumetrics.service.settings import (
+    ENVELOPE_BYTES,
+    ListenAddress,
+    ServerSettings,
+    parse_listen_address,
+)
+from gpumetrics.service.tls import server_credentials
+from gpumetrics.store import BatchStore
+from gpumetrics.v1 import profiler_pb2_grpc, pull_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_BASE_POLICIES = {
+    PULL_SERVICE: AuthPolicy.PULL,
+    PROFILER_SERVICE: AuthPolicy.DECLARE,
+    HEALTH_SERVICE: AuthPolicy.NONE,
+    REFLECTION_SERVICE: AuthPolicy.ANY,
+}
+_HEALTH_WORKERS = 2
+
+
+@dataclass(frozen=True)
+class BoundAddresses:
+    """Addresses a client can dial (real ports when ``:0`` was configured).
+
+    TCP as ``host:port`` (``[v6]:port``), unix sockets as ``unix:///abs/path``.
+    """
+
+    listen: tuple[str, ...] = ()
+    profiler_listen: tuple[str, ...] = ()
+    health_listen: tuple[str, ...] = ()
+
+
+@dataclass
+class _Group:
+    """One grpc.Server and what it serves."""
+
+    role: str
+    server: grpc.Server
+    gate: Gatekeeper | None
+    services: list[str]
+    bound: list[str] = field(default_factory=list)
+    sockets: list[str] = field(default_factory=list)
+
+
+class SidecarServer:
+    """The sidecar's gRPC servers.
+
+    Args:
+        settings: validated :class:`ServerSettings`.
+        store: the batch store the pull service serves.
+        declared: the declared store the profiler service feeds.
+        health: health state shared by every listener (the caller marks it ready).
+        telemetry: self-telemetry for the store-facing servicers and the gatekeepers.
+
+    Raises:
+        ValueError: naming the setting when a token or TLS file cannot be used.
+
+    Lifecycle: ``add_service``/``add_listener`` (optional) → :meth:`start` → :meth:`stop`.
+
+    """
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        store: BatchStore,
+        declared: DeclaredStoreAPI,
+        health: SidecarHealth,
+        telemetry: SelfTelemetry = NO_TELEMETRY,
+    ) -> None:
+        self.settings = settings
+        self.health = health
+        self._telemetry = telemetry
+        pull_tokens = (
+            read_token_file(settings.pull_token_file, "pull_token_file")
+            if settings.pull_token_file
+            else ()
+        )
+        declare_tokens = (
+            read_token_file(settings.declare_token_file, "declare_token_file")
+            if settings.declare_token_file
+            else ()
+        )
+        self._auth = TokenAuth(pull_tokens, declare_tokens)
+        self._credentials = server_credentials(settings)
+        self._lock = threading.Lock()
+        self._started = self._stopped = False
+        pull = PullServicer(
+            store,
+            telemetry,
+            default_max_bytes=settings.pull_default_max_bytes,
+            max_bytes_limit=settings.max_send_message_bytes - ENVELOPE_BYTES,
+        )
+        profiler = ProfilerServicer(declared, telemetry, settings.max_declarations_per_request)
+
+        self._main = self._group("listen")
+        pull_pb2_grpc.add_MetricsPullServiceServicer_to_server(pull, self._main.server)
+        self._main.services.append(PULL_SERVICE)
+        self._profiler: _Group | None = None
+        target = self._main
+        if settings.profiler_listen:
+            target = self._profiler = self._group("profiler_listen")
+        profiler_pb2_grpc.add_ProfilerIntegrationServiceServicer_to_server(profiler, target.server)
+        target.services.append(PROFILER_SERVICE)
+        self._health_only: _Group | None = None
+        if settings.health_listen is not None:
+            self._health_only = self._group("health_listen", health_only=True)
+
+    # -- construction -----------------------------------------------------------------------------
+
+    def _options(self, health_only: bool) -> list[tuple[str, int]]:
+        s = self.settings
+        receive = 64 * 1024 if health_only else s.max_receive_message_bytes
+        return [
+            ("grpc.max_receive_message_length", receive),
+            ("grpc.max_send_message_length", s.max_send_message_bytes),
+            ("grpc.so_reuseport", 0),  # a second server on the same port fails instead of sharing
+            ("grpc.keepalive_time_ms", int(s.keepalive_time_s * 1000)),
+            ("grpc.keepalive_timeout_ms", 20_000),
+        ]
+
+    def _group(self, role: str, health_only: bool = False) -> _Group:
+        s = self.settings
+        streams = 1 if health_only else s.max_streams
+        workers = _HEALTH_WORKERS if health_only else s.max_streams + s.unary_workers
+        slots = StreamSlots(streams)
+        policies = {HEALTH_SERVICE: AuthPolicy.NONE} if health_only else _BASE_POLICIES
+        gate = Gatekeeper(self._auth, policies, slots, self._telemetry)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"grpc-{role}"),
+            interceptors=[gate],
+            options=self._options(health_only),
+            maximum_concurrent_rpcs=4 * workers if health_only else s.max_concurrent_rpcs,
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
+        return _Group(role, server, gate, [HEALTH_SERVICE])
+
+    def add_service(
+        self,
+        register: Callable[[grpc.Server], None],
+        service_names: Sequence[str],
+        policy: AuthPolicy = AuthPolicy.ANY,
+    ) -> None:
+        """Serve more services on the main listeners (before :meth:`start`).
+
+        Args:
+            register: called with the main ``grpc.Server`` (e.g. a generated
+                ``add_XServicer_to_server`` bound to a servicer).
+            service_names: the full names it registers (for reflection and the auth policy).
+            policy: which token its calls need (go-plugin's services: :attr:`AuthPolicy.ANY`,
+                or :attr:`AuthPolicy.NONE` when the host sends no token).
+
+        Raises:
+            RuntimeError: after :meth:`start`.
+
+        """
+        with self._lock:
+            if self._started:
+                raise RuntimeError("add_service: the server has already started")
+            register(self._main.server)
+            for name in service_names:
+                self._main.services.append(name)
+                if self._main.gate is not None:
+                    self._main.gate.set_policy(name, policy)
+
+    def add_listener(self, address: str, role: str = "listen") -> str:
+        """Bind one more listener of ``role`` (``listen`` or ``profiler_listen``) now.
+
+        For the go-plugin mode, which chooses its own socket or port (a failed bind raises, so
+        the caller can try the next port). The security rules of :class:`ServerSettings` apply.
+
+        Returns:
+            The dialable address (real port for ``:0``).
+
+        Raises:
+            ValueError: naming ``role`` for a bad or insecure address.
+            RuntimeError: the bind failed, or the server has already started.
+
+        """
+        with self._lock:
+            if self._started:
+                raise RuntimeError("add_listener: the server has already started")
+            group = self._main if role == "listen" or self._profiler is None else self._profiler
+            addr = parse_listen_address(address, role)
+            self.settings.check_listener(addr, role)
+            return self._bind(group, addr)
+
+    def _bind(self, group: _Group, addr: ListenAddress) -> str:
+        target = addr.bind_target()
+        if addr.kind == "unix":
+            parent = os.path.dirname(addr.path)
+            if not os.path.isdir(parent):
+                raise ValueError(f"'{group.role}': directory {parent!r} does not exist")
+            old = os.umask(0o177)  # process-wide, but only at start-up: never wider than 0600
+            try:
+                group.server.add_insecure_port(target)
+            finally:
+                os.umask(old)
+            self._secure_socket(addr.path, group.role)
+            group.sockets.append(addr.path)
+            port = 0
+        elif self._credentials is not None and group.role != "health_listen":
+            port = group.server.add_secure_port(target, self._credentials)
+        else:
+            port = group.server.add_insecure_port(target)
+        dial = addr.dial_target(port)
+        group.bound.append(dial)
+        return dial
+
+    def _secure_socket(self, path: str, role: str) -> None:
+        group = self.settings.unix_socket_group
+        if group is not None:
+            try:
+                gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+                os.chown(path, -1, gid)
+            except (KeyError, OSError) as exc:
+                raise ValueError(
+                    f"'unix_socket_group': cannot give {path!r} to {group!r}: {exc}"
+                ) from None
+        os.chmod(path, self.settings.unix_socket_mode)
+        log.debug("%s: unix socket %s mode %o", role, path, stat.S_IMODE(os.stat(path).st_mode))
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def _groups(self) -> Iterable[_Group]:
+        return [g for g in (self._main, self._profiler, self._health_only) if g is not None]
+
+    def start(self) -> None:
+        """Bind the configured listeners, register reflection and start serving.
+
+        Raises:
+            RuntimeError: a bind failed, or no listener serves the pull service.
+            ValueError: naming the field of a listener that cannot be used.
+
+        """
+        with self._lock:
+            if self._started:
+                raise RuntimeError("start: already started")
+            s = self.settings
+            for role, texts in (("listen", s.listen), ("profiler_listen", s.profiler_listen)):
+                group = self._main if role == "listen" else self._profiler
+                for i, text in enumerate(texts):
+                    assert group is not None
+                    self._bind(group, parse_listen_address(text, f"{role}[{i}]"))
+            if self._health_only is not None and s.health_listen is not None:
+                self._bind(
+                    self._health_only, parse_listen_address(s.health_listen, "health_listen")
+                )
+            if not self._main.bound:
+                raise RuntimeError("'listen': no listener configured for the pull service")
+            if s.reflection:
+                for g in (self._main, self._profiler):
+                    if g is not None:
+                        reflection.enable_server_reflection(
+                            [*g.services, REFLECTION_SERVICE], g.server
+                        )
+            for g in self._groups():
+                g.server.start()
+            self._started = True
+        log.info("serving: %s", self.addresses)
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stop serving: health NOT_SERVING first, then stop accepting, then finish or cancel.
+
+        Calls in flight get ``grace`` seconds (None: wait for all) before they are cancelled; the
+        health-only listener stops last so probes see NOT_SERVING until the end. Unix socket
+        files are removed. Idempotent; safe before :meth:`start`.
+        """
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self.health.enter_graceful_shutdown()
+        events = [g.server.stop(grace) for g in (self._main, self._profiler) if g is not None]
+        for event in events:
+            event.wait()
+        if self._health_only is not None:
+            self._health_only.server.stop(0).wait()
+        for g in self._groups():
+            for path in g.sockets:
+                try:
+                    if stat.S_ISSOCK(os.lstat(path).st_mode):
+                        os.unlink(path)
+                except FileNotFoundError:
+                    pass
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        """Block until the main server has stopped; True if it did within ``timeout`` s."""
+        timed_out = self._main.server.wait_for_termination(timeout)
+        return not timed_out
+
+    @property
+    def addresses(self) -> BoundAddresses:
+        """The bound addresses, by role."""
+        return BoundAddresses(
+            listen=tuple(self._main.bound),
+            profiler_listen=tuple(self._profiler.bound) if self._profiler else (),
+            health_listen=tuple(self._health_only.bound) if self._health_only else (),
+        )
+
+    def wait_streams_closed(self, timeout: float) -> bool:
+        """Wait until no streaming call is open on the main and profiler listeners.
+
+        Returns:
+            False when ``timeout`` seconds passed first.
+
+        """
+        gates = [g.gate for g in (self._main, self._profiler) if g is not None and g.gate]
+        return all(gate.slots.wait_open_at_most(0, timeout) for gate in gates)
+
+    @property
+    def open_streams(self) -> int:
+        """Streaming calls open now on the main and profiler listeners."""
+        return sum(
+            g.gate.slots.open for g in (self._main, self._profiler) if g is not None and g.gate
+        )

@@ -1,0 +1,248 @@
+"""``ServerSettings``: every setting of the gRPC server, validated, with its default.
+
+Listen addresses are ``host:port`` (TCP; ``[v6addr]:port`` for IPv6; port 0 picks a free port)
+or ``unix:///abs/path``, ``unix:/abs/path``, ``unix:relative/path`` (a unix socket; its file mode
+is ``unix_socket_mode``). Security rules (``docs/security.md``):
+
+* a TCP listener that is not loopback needs TLS (``tls_cert_file`` + ``tls_key_file``), unless
+  ``allow_insecure_listen`` says otherwise;
+* the profiler service on a non-loopback TCP listener also needs a way to tell who may declare
+  (``declare_token_file`` or mTLS via ``tls_client_ca_file``), unless ``allow_insecure_listen``;
+* ``health_listen`` is plaintext by design (the kubelet's gRPC probe cannot do TLS or tokens)
+  and serves nothing but ``grpc.health.v1.Health``.
+
+Errors name the field: ``'listen[0]': 0.0.0.0:4319 is not loopback; ...``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gpumetrics.service.profiler import DEFAULT_MAX_ENTRIES
+from gpumetrics.service.pull import DEFAULT_PULL_MAX_BYTES
+
+DEFAULT_LISTEN = "127.0.0.1:4319"
+"""Default pull listener: loopback only (4317/4318 are OTLP's; 4319 is next to them)."""
+
+MiB = 1024 * 1024
+ENVELOPE_BYTES = 64 * 1024
+"""Room left in a message for everything but the OTLP payload (PullResponse fields)."""
+
+_UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL (unix(7))
+
+
+@dataclass(frozen=True)
+class ListenAddress:
+    """One parsed listen address.
+
+    Attributes:
+        text: as configured.
+        kind: ``tcp`` or ``unix``.
+        host: TCP host without brackets (``127.0.0.1``, ``::1``, ``localhost``, ``0.0.0.0``).
+        port: TCP port (0: any free port).
+        path: absolute path of a unix socket.
+
+    """
+
+    text: str
+    kind: Literal["tcp", "unix"]
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    @property
+    def loopback(self) -> bool:
+        """True for a unix socket or a TCP host that is ``localhost`` or a loopback address."""
+        if self.kind == "unix" or self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False  # a host name: it may resolve to anything
+
+    def bind_target(self) -> str:
+        """Return the address for ``grpc.Server.add_*_port``."""
+        if self.kind == "unix":
+            return f"unix:{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def dial_target(self, port: int) -> str:
+        """Return the address a client dials once bound (``port``: the real TCP port)."""
+        if self.kind == "unix":
+            return f"unix://{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{port}"
+
+
+def parse_listen_address(text: str, field: str) -> ListenAddress:
+    """Parse ``text`` (see the module docstring).
+
+    Raises:
+        ValueError: ``'<field>': ...`` for anything else (abstract unix sockets included: they
+            have no file permissions).
+
+    """
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"'{field}': must be host:port or unix:/path, got {text!r}")
+    if text.startswith("unix-abstract:"):
+        raise ValueError(f"'{field}': abstract unix sockets have no file mode; use unix:/path")
+    if text.startswith("unix:"):
+        path = text[len("unix:") :]
+        if path.startswith("//"):
+            path = path[2:]
+            if not path.startswith("/"):
+                raise ValueError(f"'{field}': unix:// must be followed by an absolute path")
+        if not path:
+            raise ValueError(f"'{field}': unix: needs a socket path")
+        path = os.path.abspath(path)
+        if len(os.fsencode(path)) > _UNIX_PATH_MAX:
+            raise ValueError(f"'{field}': socket path longer than {_UNIX_PATH_MAX} bytes")
+        return ListenAddress(text, "unix", path=path)
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(
+            f"'{field}': {text!r} must be host:port (e.g. 127.0.0.1:4319) or unix:/path"
+        )
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ValueError(f"'{field}': unbalanced '[' in {text!r}")
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"'{field}': {host!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise ValueError(f"'{field}': write an IPv6 address in brackets, e.g. [::1]:4319")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"'{field}': port must be 0..65535, got {port_text!r}")
+    return ListenAddress(text, "tcp", host=host, port=int(port_text))
+
+
+class ServerSettings(BaseModel):
+    """Settings of :class:`~gpumetrics.service.SidecarServer` (all sizes in bytes, times in s).
+
+    Attributes:
+        listen: listeners of the pull service (and of the profiler service unless
+            ``profiler_listen`` is set), health and reflection. May be empty when the caller adds
+            its own listener (go-plugin mode).
+        profiler_listen: when not empty, the profiler service is served only here (e.g. a unix
+            socket only the profiler's user can reach), with health and reflection.
+        health_listen: optional plaintext listener serving only ``grpc.health.v1.Health``.
+        allow_insecure_listen: allow non-loopback TCP without TLS (and the profiler without a
+            declare token or mTLS). Only for networks you trust.
+        unix_socket_mode: file mode of every unix socket, set right after bind (the socket is
+            created under umask 0177 so it is never wider in between).
+        unix_socket_group: group (name or gid) given to every unix socket, or None.
+        tls_cert_file, tls_key_file: PEM server certificate chain and key (TLS on every TCP
+            listener except ``health_listen``).
+        tls_client_ca_file: PEM CA bundle; when set, TCP clients must present a certificate it
+            signed (mTLS).
+        pull_token_file, declare_token_file: files of bearer tokens (one per line) that may pull
+            / declare; None: that service needs no token.
+        max_receive_message_bytes: largest request accepted; larger ones get RESOURCE_EXHAUSTED.
+        max_send_message_bytes: largest response sent.
+        pull_default_max_bytes: answer size of a Pull that sets no ``max_bytes``; requests
+            asking for more than ``max_send_message_bytes`` minus 64 KiB are clamped.
+        max_streams: streaming calls open at once per listener group (each holds a thread).
+        unary_workers: threads kept for unary calls beyond ``max_streams``.
+        max_concurrent_rpcs: calls accepted at once per server (running or queued); beyond,
+            RESOURCE_EXHAUSTED.
+        max_declarations_per_request: entries per DeclareProcesses/ReportExits request.
+        reflection: serve gRPC server reflection (``buf curl`` and ``grpcurl`` use it).
+        keepalive_time_s: HTTP/2 keepalive ping interval, so dead peers free their stream.
+
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    listen: list[str] = Field(default_factory=lambda: [DEFAULT_LISTEN])
+    profiler_listen: list[str] = Field(default_factory=list)
+    health_listen: str | None = None
+    allow_insecure_listen: bool = False
+    unix_socket_mode: int = Field(default=0o600, ge=0, le=0o777)
+    unix_socket_group: str | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
+    pull_token_file: Path | None = None
+    declare_token_file: Path | None = None
+    max_receive_message_bytes: int = Field(default=4 * MiB, ge=ENVELOPE_BYTES)
+    max_send_message_bytes: int = Field(default=64 * MiB, ge=2 * ENVELOPE_BYTES)
+    pull_default_max_bytes: int = Field(default=DEFAULT_PULL_MAX_BYTES, gt=0)
+    max_streams: int = Field(default=4, ge=1, le=1024)
+    unary_workers: int = Field(default=8, ge=1, le=1024)
+    max_concurrent_rpcs: int = Field(default=128, ge=2)
+    max_declarations_per_request: int = Field(default=DEFAULT_MAX_ENTRIES, ge=1)
+    reflection: bool = True
+    keepalive_time_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("listen", "profiler_listen")
+    @classmethod
+    def _addresses(cls, value: list[str], info: object) -> list[str]:
+        name = getattr(info, "field_name", "listen")
+        for i, text in enumerate(value):
+            parse_listen_address(text, f"{name}[{i}]")
+        return value
+
+    @field_validator("health_listen")
+    @classmethod
+    def _health_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_listen_address(value, "health_listen")
+        return value
+
+    @model_validator(mode="after")
+    def _security(self) -> ServerSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            missing = "tls_key_file" if self.tls_key_file is None else "tls_cert_file"
+            raise ValueError(f"'{missing}': tls_cert_file and tls_key_file go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("'tls_client_ca_file': mTLS needs tls_cert_file and tls_key_file")
+        if self.pull_default_max_bytes > self.max_send_message_bytes - ENVELOPE_BYTES:
+            raise ValueError(
+                "'pull_default_max_bytes': must leave 64 KiB of max_send_message_bytes "
+                "for the response envelope"
+            )
+        for name in ("listen", "profiler_listen"):
+            for i, text in enumerate(getattr(self, name)):
+                self.check_listener(parse_listen_address(text, f"{name}[{i}]"), f"{name}[{i}]")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """True when TCP listeners use TLS."""
+        return self.tls_cert_file is not None
+
+    @property
+    def serves_profiler_on_listen(self) -> bool:
+        """True when the profiler service shares the ``listen`` listeners."""
+        return not self.profiler_listen
+
+    def check_listener(self, addr: ListenAddress, field: str) -> None:
+        """Apply the security rules to one listener of ``listen`` or ``profiler_listen``.
+
+        Raises:
+            ValueError: ``'<field>': ...`` naming what is missing.
+
+        """
+        if addr.loopback or self.allow_insecure_listen:
+            return
+        if not self.tls:
+            raise ValueError(
+                f"'{field}': {addr.text} is not loopback; set tls_cert_file and tls_key_file "
+                "(or allow_insecure_listen on a trusted network)"
+            )
+        profiler_here = field.startswith("profiler_listen") or self.serves_profiler_on_listen
+        if profiler_here and self.declare_token_file is None and self.tls_client_ca_file is None:
+            raise ValueError(
+                f"'{field}': the profiler service on non-loopback {addr.text} would let anyone "
+                "declare process identities; set declare_token_file or tls_client_ca_file, "
+                "or serve it on profiler_listen (e.g. a unix socket)"
+            )

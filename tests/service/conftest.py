@@ -1,0 +1,217 @@
+"""Fixtures for the gRPC service tests: a real SidecarServer on loopback port 0 or a unix socket."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gpumetrics.metrics  # noqa: F401  - before selftelemetry (circular import, see report)
+import grpc
+import pytest
+from gpumetrics.selftelemetry import Telemetry
+from gpumetrics.service import ServerSettings, SidecarHealth, SidecarServer
+from gpumetrics.store import BatchStore, StoreLimits
+from gpumetrics.v1 import profiler_pb2 as pb
+from gpumetrics.v1 import profiler_pb2_grpc, pull_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from ..store.conftest import build_request
+
+TIMEOUT = 10.0  # bounds every call; never reached when the server is healthy
+
+
+class FakeDeclarationError(ValueError):
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
+
+
+class FakeDeclaredStore:
+    """The DeclaredStore contract, minimal: pid range and OTEL_* names validated."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, dict[str, Any]] = {}
+        self.resync: dict[str, set[int]] = {}
+
+    def declare(
+        self, pid, start_time_ticks, process_context, environment, profiler_resource, declarer=""
+    ):
+        touched = self.resync.get(declarer)
+        try:
+            if not 1 <= pid <= 4_194_304:
+                raise FakeDeclarationError("pid", f"must be an integer in 1..4194304, got {pid}")
+            for i, (name, _value) in enumerate(environment):
+                if not name.startswith("OTEL_"):
+                    raise FakeDeclarationError(f"environment[{i}].name", "only OTEL_* names")
+        except FakeDeclarationError:
+            if touched is not None:
+                touched.add(pid)
+            raise
+        self.held[pid] = {
+            "start": start_time_ticks,
+            "env": dict(environment),
+            "declarer": declarer,
+            "context": process_context,
+            "resource": profiler_resource,
+        }
+        if touched is not None:
+            touched.add(pid)
+        return self.held[pid]
+
+    def exit(self, pid, start_time_ticks=0):
+        if not 1 <= pid <= 4_194_304:
+            raise FakeDeclarationError("pid", "must be an integer in 1..4194304")
+        entry = self.held.get(pid)
+        if entry is None or (
+            start_time_ticks and entry["start"] and entry["start"] != start_time_ticks
+        ):
+            return 0
+        del self.held[pid]
+        return 1
+
+    def begin_resync(self, declarer):
+        self.resync[declarer] = set()
+
+    def end_resync(self, declarer):
+        if declarer not in self.resync:
+            raise FakeDeclarationError("resync_end", "no resynchronisation in progress")
+        touched = self.resync.pop(declarer)
+        gone = [p for p, e in self.held.items() if e["declarer"] == declarer and p not in touched]
+        for p in gone:
+            del self.held[p]
+        return len(gone)
+
+    def replace_all(self, declarer, declarations, on_error=None):
+        self.begin_resync(declarer)
+        for i, item in enumerate(declarations):
+            try:
+                self.declare(*item, declarer)
+            except FakeDeclarationError as exc:
+                if on_error is not None:
+                    on_error(i, exc)
+        return self.end_resync(declarer)
+
+    def lookup(self, pid):
+        entry = self.held.get(pid)
+        return (entry, entry is not None)
+
+    def __len__(self):
+        return len(self.held)
+
+
+class StreamClient:
+    """Drives a StreamDeclarations call one message at a time (bounded waits, no sleeps)."""
+
+    def __init__(self, stub, metadata=()) -> None:
+        self._out: queue.Queue = queue.Queue()
+        self._responses = stub.StreamDeclarations(
+            iter(self._out.get, None), metadata=metadata, timeout=TIMEOUT
+        )
+
+    def send(self, **event) -> pb.StreamDeclarationsResponse:
+        self._out.put(pb.StreamDeclarationsRequest(**event))
+        return next(self._responses)
+
+    def close(self) -> None:
+        self._out.put(None)
+        for _ in self._responses:
+            pass
+
+    def abandon(self) -> None:
+        self._out.put(None)  # ends the request iterator of a call that already failed
+
+
+@dataclass
+class Sidecar:
+    server: SidecarServer
+    store: BatchStore
+    declared: Any
+    health: SidecarHealth
+    telemetry: Telemetry
+    channels: list[grpc.Channel] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return self.server.addresses.listen[0]
+
+    def channel(
+        self,
+        address: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> grpc.Channel:
+        target = address or self.address
+        opts = list(options)
+        if credentials is None:
+            ch = grpc.insecure_channel(target, options=opts)
+        else:
+            ch = grpc.secure_channel(target, credentials, options=opts)
+        self.channels.append(ch)
+        return ch
+
+    def pull_stub(self, **kw: Any) -> pull_pb2_grpc.MetricsPullServiceStub:
+        return pull_pb2_grpc.MetricsPullServiceStub(self.channel(**kw))
+
+    def profiler_stub(self, **kw: Any) -> profiler_pb2_grpc.ProfilerIntegrationServiceStub:
+        return profiler_pb2_grpc.ProfilerIntegrationServiceStub(self.channel(**kw))
+
+    def health_stub(self, **kw: Any) -> health_pb2_grpc.HealthStub:
+        return health_pb2_grpc.HealthStub(self.channel(**kw))
+
+    def close(self) -> None:
+        for ch in self.channels:
+            ch.close()
+        self.server.stop(0)
+
+
+@pytest.fixture
+def sidecar() -> Iterator[Callable[..., Sidecar]]:
+    """Factory: build, start (and at teardown stop) a SidecarServer with its collaborators."""
+    made: list[Sidecar] = []
+
+    def make(
+        *,
+        store: BatchStore | None = None,
+        declared: Any = None,
+        ready: bool = True,
+        limits: StoreLimits | None = None,
+        append: int = 0,
+        **settings: Any,
+    ) -> Sidecar:
+        settings.setdefault("listen", ["127.0.0.1:0"])
+        telemetry = Telemetry()
+        store = store or BatchStore(limits, telemetry=telemetry)
+        for i in range(append):
+            store.append(build_request(1, f"b{i}"))
+        declared = declared if declared is not None else FakeDeclaredStore()
+        health = SidecarHealth()
+        server = SidecarServer(ServerSettings(**settings), store, declared, health, telemetry)
+        server.start()
+        if ready:
+            health.mark_ready()
+        sc = Sidecar(server, store, declared, health, telemetry)
+        made.append(sc)
+        return sc
+
+    yield make
+    for sc in made:
+        sc.close()
+
+
+@pytest.fixture
+def short_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A short temporary directory (unix socket paths are limited to 107 bytes)."""
+    import os
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="gm-", dir="/tmp")
+    os.chmod(d, 0o700)
+    try:
+        from pathlib import Path
+
+        yield Path(d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

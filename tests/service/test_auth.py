@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+import grpc
+import pytest
+from gpumetrics.service import AuthPolicy, TokenAuth, read_token_file
+from gpumetrics.v1 import profiler_pb2 as pb
+from gpumetrics.v1 import pull_pb2
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from .conftest import TIMEOUT
+
+PULL_TOKEN = "pull-" + "a" * 27
+DECLARE_TOKEN = "declare-" + "b" * 24
+
+
+@pytest.fixture
+def tokens(tmp_path):
+    pull = tmp_path / "pull.token"
+    pull.write_text(f"# rotated weekly\n{PULL_TOKEN}\n\n")
+    declare = tmp_path / "declare.token"
+    declare.write_text(DECLARE_TOKEN + "\n")
+    return {"pull_token_file": pull, "declare_token_file": declare}
+
+
+def bearer(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),)
+
+
+def declare(sc, metadata=()):
+    return sc.profiler_stub().DeclareProcesses(
+        pb.DeclareProcessesRequest(processes=[pb.ProcessDeclaration(pid=42)]),
+        metadata=metadata,
+        timeout=TIMEOUT,
+    )
+
+
+def pull(sc, metadata=()):
+    return sc.pull_stub().Pull(
+        pull_pb2.PullRequest(consumer="c"), metadata=metadata, timeout=TIMEOUT
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "metadata", "code"),
+    [
+        (pull, (), grpc.StatusCode.UNAUTHENTICATED),
+        (pull, bearer("wrong-token-wrong-token"), grpc.StatusCode.UNAUTHENTICATED),
+        (pull, (("authorization", PULL_TOKEN),), grpc.StatusCode.UNAUTHENTICATED),  # no scheme
+        (pull, bearer(DECLARE_TOKEN), grpc.StatusCode.PERMISSION_DENIED),
+        (declare, (), grpc.StatusCode.UNAUTHENTICATED),
+        (declare, bearer("x" * 32), grpc.StatusCode.UNAUTHENTICATED),
+        (declare, bearer(PULL_TOKEN), grpc.StatusCode.PERMISSION_DENIED),
+    ],
+)
+def test_refused_calls_get_the_right_status_and_change_nothing(
+    sidecar, tokens, call, metadata, code
+):
+    sc = sidecar(append=1, **tokens)
+    before = sc.store.stats()
+    with pytest.raises(grpc.RpcError) as err:
+        call(sc, metadata)
+    assert err.value.code() == code
+    assert PULL_TOKEN not in err.value.details() and DECLARE_TOKEN not in err.value.details()
+    assert sc.store.stats() == before  # no consumer registered, nothing acknowledged
+    assert len(sc.declared) == 0
+    reason = "permission_denied" if code == grpc.StatusCode.PERMISSION_DENIED else "unauthenticated"
+    assert sc.telemetry.total("gpumetrics.server.rejected_calls") == 1
+    method = (
+        "gpumetrics.v1.MetricsPullService/Pull"
+        if call is pull
+        else ("gpumetrics.v1.ProfilerIntegrationService/DeclareProcesses")
+    )
+    assert (
+        sc.telemetry.value(
+            "gpumetrics.server.rejected_calls", {"rpc.method": method, "reason": reason}
+        )
+        == 1
+    )
+
+
+def test_the_right_tokens_are_accepted(sidecar, tokens):
+    sc = sidecar(append=1, **tokens)
+    assert pull(sc, bearer(PULL_TOKEN)).data_points == 1
+    assert declare(sc, (("authorization", f"bearer {DECLARE_TOKEN}"),)).accepted == 1
+    assert 42 in sc.declared.held
+
+
+def test_health_needs_no_token_and_reflection_needs_one(sidecar, tokens):
+    sc = sidecar(**tokens)
+    h = sc.health_stub().Check(health_pb2.HealthCheckRequest(), timeout=TIMEOUT)
+    assert h.status == health_pb2.HealthCheckResponse.SERVING
+    refl = reflection_pb2_grpc.ServerReflectionStub(sc.channel())
+    req = reflection_pb2.ServerReflectionRequest(list_services="")
+    with pytest.raises(grpc.RpcError) as err:
+        list(refl.ServerReflectionInfo(iter([req]), timeout=TIMEOUT))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    answers = list(
+        refl.ServerReflectionInfo(iter([req]), metadata=bearer(PULL_TOKEN), timeout=TIMEOUT)
+    )
+    names = {s.name for s in answers[0].list_services_response.service}
+    assert {
+        "gpumetrics.v1.MetricsPullService",
+        "gpumetrics.v1.ProfilerIntegrationService",
+        "grpc.health.v1.Health",
+    } <= names
+
+
+def test_without_tokens_everything_is_open(sidecar):
+    sc = sidecar(append=1)
+    assert pull(sc).data_points == 1
+    assert declare(sc).accepted == 1
+
+
+def test_policy_matrix_without_a_server():
+    auth = TokenAuth(["p" * 16], ["d" * 16])
+    md = lambda t: [("authorization", f"Bearer {t}")]  # noqa: E731
+    assert auth.check(AuthPolicy.NONE, []) is None
+    assert auth.check(AuthPolicy.ANY, md("d" * 16)) is None
+    assert auth.check(AuthPolicy.ANY, md("p" * 16)) is None
+    assert auth.check(AuthPolicy.ANY, []).code == grpc.StatusCode.UNAUTHENTICATED
+    only_declare = TokenAuth([], ["d" * 16])
+    assert only_declare.check(AuthPolicy.PULL, []) is None  # pulling needs no token
+    assert (
+        only_declare.check(AuthPolicy.DECLARE, md("p" * 16)).code == grpc.StatusCode.UNAUTHENTICATED
+    )
+
+
+def test_token_file_errors_name_the_field(tmp_path):
+    missing = tmp_path / "missing"
+    with pytest.raises(ValueError, match="^'pull_token_file': cannot read"):
+        read_token_file(missing, "pull_token_file")
+    empty = tmp_path / "empty"
+    empty.write_text("# nothing\n\n")
+    with pytest.raises(ValueError, match="^'declare_token_file': .* holds no token"):
+        read_token_file(empty, "declare_token_file")
+    short = tmp_path / "short"
+    short.write_text("secret\n")
+    with pytest.raises(ValueError, match="^'pull_token_file': line 1 .* at least 16"):
+        read_token_file(short, "pull_token_file")
+    with pytest.raises(ValueError, match="^'declare_token_file': a token is also a pull token"):
+        TokenAuth(["s" * 20], ["s" * 20])

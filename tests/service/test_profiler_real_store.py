@@ -1,0 +1,93 @@
+"""The profiler service against the real gpumetrics.identity DeclaredStore (not the fake)."""
+
+from __future__ import annotations
+
+from gpumetrics.identity.declared import DeclaredStore
+from gpumetrics.v1 import profiler_pb2 as pb
+from opentelemetry.proto.resource.v1 import resource_pb2
+
+from .conftest import TIMEOUT, StreamClient
+
+
+def resource(**attrs: str) -> bytes:
+    r = resource_pb2.Resource()
+    for k, v in attrs.items():
+        kv = r.attributes.add()
+        kv.key, kv.value.string_value = k, v
+    return r.SerializeToString()
+
+
+def test_declare_then_lookup(sidecar):
+    store = DeclaredStore()
+    sc = sidecar(declared=store)
+    resp = sc.profiler_stub().DeclareProcesses(
+        pb.DeclareProcessesRequest(
+            processes=[
+                pb.ProcessDeclaration(
+                    pid=4242,
+                    start_time_ticks=987,
+                    environment=[
+                        pb.EnvironmentVariable(name="OTEL_SERVICE_NAME", value=b"trainer")
+                    ],
+                    profiler_resource=resource(
+                        **{"service.name": "trainer-apm", "container.id": "c0ffee"}
+                    ),
+                ),
+            ]
+        ),
+        metadata=(("gpumetrics-declarer", "parca-agent"),),
+        timeout=TIMEOUT,
+    )
+    assert (resp.accepted, list(resp.rejected)) == (1, [])
+    declared, ok = store.lookup(4242)
+    assert ok and declared is not None
+    assert declared.environment["OTEL_SERVICE_NAME"] == b"trainer"
+    assert declared.profiler_attributes["service.name"] == "trainer-apm"
+    assert (declared.start_time_ticks, declared.declarer) == (987, "parca-agent")
+    assert sc.telemetry.value("gpumetrics.declarations") == 1
+
+
+def test_real_store_rejections_are_prefixed_with_the_entry(sidecar):
+    store = DeclaredStore()
+    sc = sidecar(declared=store)
+    resp = sc.profiler_stub().DeclareProcesses(
+        pb.DeclareProcessesRequest(
+            processes=[
+                pb.ProcessDeclaration(
+                    pid=1, environment=[pb.EnvironmentVariable(name="PATH", value=b"/")]
+                ),
+                pb.ProcessDeclaration(pid=2, process_context=b"\xff\xff\xff"),
+                pb.ProcessDeclaration(pid=3, profiler_resource=b"\x0a\x05"),
+                pb.ProcessDeclaration(pid=4),
+            ]
+        ),
+        timeout=TIMEOUT,
+    )
+    assert resp.accepted == 1
+    assert [(r.index, r.field) for r in resp.rejected] == [
+        (0, "processes[0].environment[0].name"),
+        (1, "processes[1].process_context"),
+        (2, "processes[2].profiler_resource"),
+    ]
+    assert [p for p in range(1, 5) if store.lookup(p)[1]] == [4]
+
+
+def test_real_store_stream_resync_releases_what_was_not_redeclared(sidecar):
+    store = DeclaredStore()
+    sc = sidecar(declared=store)
+    stream = StreamClient(sc.profiler_stub(), (("gpumetrics-declarer", "agent"),))
+    for pid in (10, 11, 12):
+        assert stream.send(declare=pb.ProcessDeclaration(pid=pid)).accepted
+    assert stream.send(resync_begin=pb.ResyncBegin()).accepted
+    assert stream.send(declare=pb.ProcessDeclaration(pid=11)).accepted
+    bad = stream.send(
+        declare=pb.ProcessDeclaration(
+            pid=12, environment=[pb.EnvironmentVariable(name="NOPE", value=b"")]
+        )
+    )
+    assert bad.rejection.field == "declare.environment[0].name"
+    end = stream.send(resync_end=pb.ResyncEnd())
+    assert (end.accepted, end.released) == (True, 1)
+    # 10 was not re-declared; 12's rejected re-declaration kept what it had
+    assert [p for p in (10, 11, 12) if store.lookup(p)[1]] == [11, 12]
+    stream.close()
