@@ -82,9 +82,18 @@ def _wait(drv: SimDriver, seconds: float, hang: bool, name: str) -> int | None:
         else:
             clock.sleep(seconds)
     if hang and not drv.closed:
-        if not drv.hang_event.wait(drv.max_hang_s):
-            drv.violation("hang_not_released", name, f"not released within {drv.max_hang_s} s")
-            return codes.TIMEOUT
+        with drv.activity:
+            release = drv.hang_event
+            drv.hung += 1
+            drv.activity.notify_all()
+        try:
+            if not release.wait(drv.max_hang_s):
+                drv.violation("hang_not_released", name, f"not released within {drv.max_hang_s} s")
+                return codes.TIMEOUT
+        finally:
+            with drv.activity:
+                drv.hung -= 1
+                drv.activity.notify_all()
     return None
 
 
@@ -152,16 +161,18 @@ def make_callback(drv: SimDriver, sym: Symbol) -> Any:
     def callback(*args: Any) -> Any:
         started = time.perf_counter_ns()
         waited = [0]
-        with drv.lock:
+        with drv.activity:
             drv.in_flight += 1
+            drv.activity.notify_all()
         try:
             return _run(drv, sym, args, waited)
         except Exception as exc:  # noqa: BLE001 - a simulator bug must not become SUCCESS
             drv.violation("internal_error", sym.name, f"{type(exc).__name__}: {exc}")
             return on_error
         finally:
-            with drv.lock:
+            with drv.activity:
                 drv.in_flight -= 1
+                drv.activity.notify_all()
                 drv.driver_ns += time.perf_counter_ns() - started - waited[0]
                 drv.wait_ns += waited[0]
 

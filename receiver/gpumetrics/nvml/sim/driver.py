@@ -103,6 +103,8 @@ class SimDriver:
         self.upgraded_code: int | None = None
         self.revoked = False
         self.in_flight = 0
+        self.hung = 0
+        self.activity = threading.Condition(self.lock)
         self.closed = False
         self.counts: Counter[tuple[str, int | None]] = Counter()
         self._violations: list[Violation] = []
@@ -278,6 +280,20 @@ class SimDriver:
         with self.lock:
             event, self.hang_event = self.hang_event, threading.Event()
         event.set()
+
+    def wait_until_hung(self, count: int = 1, timeout_s: float = 10.0) -> bool:
+        """Block until ``count`` calls are held by ``hang`` faults (or ``timeout_s`` passes).
+
+        Returns True when they are; lets a test act while a collector thread is stuck, without
+        sleeping.
+        """
+        with self.activity:
+            return self.activity.wait_for(lambda: self.hung >= count, timeout=timeout_s)
+
+    def wait_until_in_flight(self, count: int = 1, timeout_s: float = 10.0) -> bool:
+        """Block until ``count`` calls are inside the driver at once (or ``timeout_s``)."""
+        with self.activity:
+            return self.activity.wait_for(lambda: self.in_flight >= count, timeout=timeout_s)
 
     def close(self) -> None:
         """Stop answering (every later call: UNINITIALIZED) and release all hangs."""

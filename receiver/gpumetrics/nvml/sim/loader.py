@@ -63,17 +63,24 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    result: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
+    # Keys written twice in one mapping are an error; keys merged in with ``<<: *anchor``
+    # may be overridden by the mapping's own keys (standard YAML merge semantics).
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
         key = loader.construct_object(key_node, deep=True)
-        if key in result:
+        if key in seen:
             mark = key_node.start_mark
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
             )
-        result[key] = loader.construct_object(value_node, deep=True)
-    return result
+        seen.add(key)
+    loader.flatten_mapping(node)
+    return {
+        loader.construct_object(k, deep=True): loader.construct_object(v, deep=True)
+        for k, v in node.value
+    }
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)

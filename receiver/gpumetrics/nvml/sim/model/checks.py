@@ -100,6 +100,8 @@ def _device(path: str, dev: Device) -> Iterator[Problem]:
     yield from _processes(path, dev.processes, dev.process_sets)
     if dev.mig is None:
         return
+    if dev.mig.current == "enabled" and (dev.processes or dev.process_sets):
+        yield (f"{path}.processes", "with MIG enabled, processes belong under mig.instances[]")
     slots: dict[int, int] = {}
     ids: dict[tuple[int, int], int] = {}
     for i, inst in enumerate(dev.mig.instances):

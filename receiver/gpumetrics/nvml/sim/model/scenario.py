@@ -7,7 +7,7 @@ the offending field (``devices[1].processes[0].pid: ...``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -181,7 +181,18 @@ class Scenario(Strict):
 
     ``extra_process_names`` answers ``nvmlSystemGetProcessName`` for pids that are not GPU
     processes (e.g. an unrelated local process that shares a host pid's number, F15).
+    Top-level keys starting with ``x-`` are ignored, as in Compose files: a place for YAML
+    anchors shared by several devices (``<<: *h100``).
     """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_extensions(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {
+                k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))
+            }
+        return data
 
     format: Literal[1] = 1
     name: str = ""

@@ -6,7 +6,7 @@ the moment of each call:
 ``sine``
     ``min + (max-min) * (1 + sin(2π (t + phase_s) / period_s)) / 2``
 ``square``
-    ``high`` for the first ``duty`` fraction of each ``period_s``, ``low`` otherwise
+    ``first`` for the first ``duty`` fraction of each ``period_s``, ``rest`` after it
 ``ramp``
     ``start + per_s * t`` (an energy counter is a ramp of the average power)
 ``trace``
@@ -93,11 +93,11 @@ class Sine(Strict):
 
 
 class Square(Strict):
-    """``high`` for the first ``duty`` fraction of every ``period_s`` seconds, else ``low``."""
+    """``first`` for the first ``duty`` fraction of every ``period_s`` seconds, then ``rest``."""
 
     pattern: Literal["square"]
-    low: float
-    high: float
+    first: float
+    rest: float
     period_s: float = Field(gt=0)
     duty: float = Field(default=0.5, ge=0, le=1)
     phase_s: float = 0.0
@@ -136,7 +136,7 @@ def evaluate(value: Dyn, t: float, cycle: int) -> float:
         return value.min + (value.max - value.min) * (1 + math.sin(phase)) / 2
     if isinstance(value, Square):
         frac = ((t + value.phase_s) % value.period_s) / value.period_s
-        return value.high if frac < value.duty else value.low
+        return value.first if frac < value.duty else value.rest
     if isinstance(value, Ramp):
         return value.start + value.per_s * t
     step = cycle - 1 if value.per == "cycle" else int(t // value.step_s)
@@ -154,7 +154,7 @@ def bounds(value: Dyn) -> tuple[float, float]:
     if isinstance(value, Sine):
         return (value.min, value.max)
     if isinstance(value, Square):
-        return (min(value.low, value.high), max(value.low, value.high))
+        return (min(value.first, value.rest), max(value.first, value.rest))
     if isinstance(value, Ramp):
         if value.per_s >= 0:
             return (value.start, math.inf)

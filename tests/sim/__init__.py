@@ -1,0 +1,1 @@
+"""Tests of the simulated NVML driver beneath nvidia-ml-py."""
