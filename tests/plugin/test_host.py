@@ -25,7 +25,7 @@ from gpumetrics.v1 import pull_pb2, pull_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 
-STUB = Path(__file__).with_name("stub_serve.py")
+GPUMETRICS = Path(sys.executable).with_name("gpumetrics")  # the console script of this venv
 HANDSHAKE = re.compile(r"^1\|(\d+)\|(unix|tcp)\|([^|]+)\|grpc$")
 
 
@@ -48,8 +48,9 @@ class Plugin:
     """The child process with its stdout lines in a queue and stderr collected."""
 
     def __init__(self, args, env):
+        assert GPUMETRICS.exists(), "install the package (pip install -e .) for the console script"
         self.proc = subprocess.Popen(
-            [sys.executable, str(STUB), *args],
+            [str(GPUMETRICS), *args],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -102,7 +103,7 @@ def wait_serving(channel, name, timeout=30):
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
 def test_go_plugin_host_lifecycle(tmp_path, transport):
-    plugin = Plugin(["serve", "--plugin-transport", transport], host_env(tmp_path))
+    plugin = Plugin(["serve", "--simulate", "--plugin-transport", transport], host_env(tmp_path))
     try:
         first = plugin.lines.get(timeout=60)
         assert first is not None, "".join(plugin.stderr)
@@ -140,13 +141,14 @@ def test_go_plugin_host_lifecycle(tmp_path, transport):
         names = {
             m.name for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
         }
-        assert "hw.power" in names
+        assert {"hw.power", "hw.gpu.utilization", "hw.gpu.memory.usage"} <= names
 
         started = time.monotonic()
         assert channel.unary_unary("/plugin.GRPCController/Shutdown")(b"", timeout=5) == b""
         rc = plugin.finish(timeout=10)
         elapsed = time.monotonic() - started
         assert rc == 0, "".join(plugin.stderr)
+
         assert elapsed < 2.0, f"exit took {elapsed:.2f}s; go-plugin kills after 2 s"
         assert plugin.rest_of_stdout() == []  # nothing but the handshake ever reached stdout
         stdio_reader.join(5)
@@ -154,7 +156,9 @@ def test_go_plugin_host_lifecycle(tmp_path, transport):
         channel.close()
         if transport == "unix":
             assert not os.path.exists(address)
-        assert any("stub collector stopped" in line for line in plugin.stderr)
+        assert any('"@message": "stopped"' in line for line in plugin.stderr), "".join(
+            plugin.stderr
+        )
         # hclog-compatible stderr: JSON lines with string @level/@message/@timestamp, or other lines
         json_lines = [line for line in plugin.stderr if line.startswith("{")]
         assert json_lines and all(
