@@ -12,6 +12,7 @@ the last value (what the profilers' ``pcommon.Map.Put*`` does).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from typing import TypeAlias
 
@@ -60,7 +61,8 @@ def from_key_values(kvs: Iterable[common_pb2.KeyValue]) -> dict[str, AttrValue]:
             continue
         converted = from_any_value(kv.value)
         if converted is not None:
-            out[kv.key] = converted
+            # Keys repeat across processes (service.name, k8s.pod.name, ...): share one copy.
+            out[sys.intern(kv.key)] = converted
     return out
 
 

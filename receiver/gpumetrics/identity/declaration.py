@@ -9,6 +9,7 @@ Field names in :class:`DeclarationError` are relative to one ``ProcessDeclaratio
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -173,7 +174,7 @@ def _environment(
                 f"more than {limits.max_environment_bytes} bytes of names and values",
             )
         first[name] = i
-        out[name] = raw
+        out[sys.intern(name)] = raw
     return out if out else _EMPTY_ENV
 
 

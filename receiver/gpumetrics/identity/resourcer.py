@@ -116,7 +116,7 @@ class ProcessResourcer:
         in_kubernetes: bool = False,
         host_name: str | None = None,
         procfs_ttl_ns: int = 60_000_000_000,
-        cache_size: int = 65536,
+        cache_size: int = 131072,
         clock: Callable[[], int] = time.monotonic_ns,
         empty_service_name_is_set: bool = False,
     ) -> None:
