@@ -1,0 +1,38 @@
+# The gpumetrics sidecar image.
+#
+#   docker build -t gpumetrics .
+#   docker run --rm --gpus all --pid host -v /proc:/host/proc:ro \
+#     -e GPUMETRICS_PROC_ROOT=/host/proc gpumetrics
+#   docker run --rm gpumetrics serve --simulate          # no GPU: the simulated 8-GPU node
+#
+# NVML comes from the host driver: run with the NVIDIA container runtime (--gpus all, or
+# runtimeClassName: nvidia in Kubernetes), which mounts libnvidia-ml and the device nodes.
+# docs/deployment.md covers the PID namespace, mounts, privileges and probes.
+
+FROM python:3.11-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY receiver/gpumetrics ./receiver/gpumetrics
+RUN python -m venv /opt/gpumetrics \
+    && /opt/gpumetrics/bin/pip install --no-cache-dir --disable-pip-version-check .
+
+FROM python:3.11-slim-bookworm
+LABEL org.opencontainers.image.title="gpumetrics" \
+      org.opencontainers.image.description="NVIDIA GPU metrics from NVML as OTLP over a gRPC pull endpoint" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /opt/gpumetrics /opt/gpumetrics
+COPY examples/gpumetrics.yaml /etc/gpumetrics/gpumetrics.yaml
+ENV PATH=/opt/gpumetrics/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=utility \
+    GPUMETRICS_CONFIG=/etc/gpumetrics/gpumetrics.yaml \
+    GPUMETRICS_HEALTH_LISTEN=0.0.0.0:4320
+# 4319: pull + profiler (loopback unless TLS is configured); 4320: plaintext gRPC health only.
+EXPOSE 4319 4320
+# Non-root by default. Reading other users' /proc/<pid>/environ (the procfs identity fallback)
+# needs root with CAP_SYS_PTRACE; see docs/deployment.md.
+USER 10001:10001
+ENTRYPOINT ["gpumetrics"]
+CMD ["serve"]
