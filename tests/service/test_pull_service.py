@@ -133,6 +133,7 @@ def test_a_new_epoch_ignores_the_old_ack(sidecar):
     [
         ({"consumer": "no spaces"}, "consumer"),
         ({"consumer": "x" * 129}, "consumer"),
+        ({"consumer": "push"}, "consumer"),  # the push exporter's cursor
         (
             {
                 "consumer": "c",
@@ -193,3 +194,10 @@ def test_default_answer_size_and_clamped_requests(sidecar):
     assert pull(stub, consumer="d").last_sequence == 2  # default cap: 2 batches
     big = pull(stub, consumer="e", max_bytes=10**9)  # clamped to the send limit minus envelope
     assert big.last_sequence == 3 and big.more
+
+
+def test_the_push_exporters_consumer_name_is_reserved():
+    from gpumetrics.service.pull import RESERVED_CONSUMERS
+    from gpumetrics.service.push import PUSH_CONSUMER
+
+    assert PUSH_CONSUMER in RESERVED_CONSUMERS

@@ -93,6 +93,9 @@ def test_security_rules_name_the_field(tmp_path):
     assert "'tls_client_ca_file': mTLS needs" in errors(tls_client_ca_file=cert)
     assert "'health_listen'" in errors(health_listen="nonsense")
     assert "unix_socket_mode" in errors(unix_socket_mode=0o1777)
+    assert "'unix_socket_mode': '0o9' is not an octal file mode" in errors(unix_socket_mode="0o9")
+    assert ServerSettings(unix_socket_mode="0660").unix_socket_mode == 0o660
+    assert ServerSettings(unix_socket_mode="0o640").unix_socket_mode == 0o640
     assert "max_streams" in errors(max_streams=0)
     assert "'pull_default_max_bytes'" in errors(pull_default_max_bytes=64 * 1024 * 1024)
     assert "extra_forbidden" in errors(lisen=["127.0.0.1:0"])
@@ -132,15 +135,20 @@ def test_missing_socket_directory_names_the_field(short_tmp):
     server.stop(0)
 
 
-def test_addresses_report_real_ports_and_a_taken_port_fails(sidecar):
+def test_addresses_report_real_ports_and_a_failed_start_leaves_nothing_bound(sidecar, short_tmp):
     sc = sidecar(listen=["127.0.0.1:0", "127.0.0.1:0"])
     ports = [addr.rsplit(":", 1)[1] for addr in sc.server.addresses.listen]
     assert len(set(ports)) == 2 and "0" not in ports
     taken = sc.server.addresses.listen[0]
+    sock = short_tmp / "first.sock"
     clash = SidecarServer(
-        ServerSettings(listen=[taken]), BatchStore(), FakeDeclaredStore(), SidecarHealth()
+        ServerSettings(listen=[f"unix:{sock}", taken]),
+        BatchStore(), FakeDeclaredStore(), SidecarHealth(),
     )
-    with pytest.raises(RuntimeError, match="Failed to bind"):
+    with pytest.raises(RuntimeError, match="Failed to bind"):  # so_reuseport is off
+        clash.start()
+    assert not sock.exists()
+    with pytest.raises(RuntimeError, match="already started or stopped"):
         clash.start()
     clash.stop(0)
 

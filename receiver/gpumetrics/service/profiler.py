@@ -74,10 +74,14 @@ class DeclaredStoreAPI(Protocol):
     def replace_all(
         self,
         declarer: str,
-        declarations: Iterable[DeclarationArgs],
+        declarations: Iterable[Any],
         on_error: Callable[[int, Any], None] | None = None,
     ) -> int:
-        """Declare ``declarations`` as the complete view of ``declarer``; return released."""
+        """Declare ``declarations`` as the complete view of ``declarer``; return released.
+
+        Each item unpacks as :data:`DeclarationArgs` (``DeclarationInput`` in the identity
+        package); ``on_error(index, error)`` receives each rejected entry.
+        """
 
     def __len__(self) -> int:
         """Return the number of declarations held."""

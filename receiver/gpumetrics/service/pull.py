@@ -3,7 +3,7 @@
 The servicer validates the request, turns it into one :meth:`BatchStore.pull` and maps the
 result onto ``PullResponse`` (semantics in ``docs/protocol.md``). Errors (``pull.proto``):
 
-* INVALID_ARGUMENT naming the field: a bad ``consumer`` or a negative
+* INVALID_ARGUMENT naming the field: a bad or reserved ``consumer``, or a negative
   ``previous_outcome.rejected_data_points``;
 * UNAVAILABLE before the first collection has been stored (retryable, OTLP §2.1);
 * RESOURCE_EXHAUSTED when a new consumer would exceed ``StoreLimits.max_consumers``.
@@ -12,6 +12,7 @@ result onto ``PullResponse`` (semantics in ``docs/protocol.md``). Errors (``pull
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 import grpc
@@ -21,6 +22,10 @@ from gpumetrics.store import BatchStore, TooManyConsumersError, validate_consume
 from gpumetrics.v1 import pull_pb2, pull_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+RESERVED_CONSUMERS = frozenset({"push"})
+"""Store consumers the sidecar uses itself (the push exporter's ``PUSH_CONSUMER``): a remote Pull
+may not name them, or it would move (and acknowledge for) their cursor."""
 
 DEFAULT_PULL_MAX_BYTES = 4 * 1024 * 1024 - 64 * 1024
 """Answer size when a request leaves ``max_bytes`` at 0: 4 MiB minus 64 KiB of envelope, so a
@@ -43,6 +48,7 @@ class PullServicer(pull_pb2_grpc.MetricsPullServiceServicer):
         max_bytes_limit: upper bound on any requested ``max_bytes`` (By), normally the server's
             send limit minus envelope; a larger request is clamped to it.
         default_max_points: point cap when the request says 0 (0 = no point cap).
+        reserved_consumers: consumer names refused with INVALID_ARGUMENT.
 
     """
 
@@ -53,12 +59,14 @@ class PullServicer(pull_pb2_grpc.MetricsPullServiceServicer):
         default_max_bytes: int = DEFAULT_PULL_MAX_BYTES,
         max_bytes_limit: int | None = None,
         default_max_points: int = 0,
+        reserved_consumers: Collection[str] = RESERVED_CONSUMERS,
     ) -> None:
         self._store = store
         self._telemetry = telemetry
         self._default_max_bytes = default_max_bytes
         self._max_bytes_limit = max_bytes_limit or default_max_bytes
         self._default_max_points = default_max_points
+        self._reserved = frozenset(reserved_consumers)
 
     def Pull(self, request: pull_pb2.PullRequest, context: Any) -> pull_pb2.PullResponse:  # noqa: N802
         """Acknowledge, then answer with the batches after the consumer's cursor."""
@@ -66,6 +74,11 @@ class PullServicer(pull_pb2_grpc.MetricsPullServiceServicer):
             consumer = validate_consumer(request.consumer)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if consumer in self._reserved:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"consumer: {consumer!r} is reserved for the sidecar's own exporter",
+            )
         outcome = request.previous_outcome
         if outcome.rejected_data_points < 0:
             context.abort(

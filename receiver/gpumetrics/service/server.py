@@ -271,36 +271,44 @@ class SidecarServer:
     def start(self) -> None:
         """Bind the configured listeners, register reflection and start serving.
 
+        On failure nothing is left bound (sockets removed) and the server cannot be started again.
+
         Raises:
             RuntimeError: a bind failed, or no listener serves the pull service.
             ValueError: naming the field of a listener that cannot be used.
 
         """
         with self._lock:
-            if self._started:
-                raise RuntimeError("start: already started")
-            s = self.settings
-            for role, texts in (("listen", s.listen), ("profiler_listen", s.profiler_listen)):
-                group = self._main if role == "listen" else self._profiler
-                for i, text in enumerate(texts):
-                    assert group is not None
-                    self._bind(group, parse_listen_address(text, f"{role}[{i}]"))
-            if self._health_only is not None and s.health_listen is not None:
-                self._bind(
-                    self._health_only, parse_listen_address(s.health_listen, "health_listen")
-                )
-            if not self._main.bound:
-                raise RuntimeError("'listen': no listener configured for the pull service")
-            if s.reflection:
-                for g in (self._main, self._profiler):
-                    if g is not None:
-                        reflection.enable_server_reflection(
-                            [*g.services, REFLECTION_SERVICE], g.server
-                        )
-            for g in self._groups():
-                g.server.start()
+            if self._started or self._stopped:
+                raise RuntimeError("start: already started or stopped")
+            try:
+                self._start_locked()
+            except BaseException:
+                self._stopped = True
+                for g in self._groups():
+                    g.server.stop(0)
+                self._remove_sockets()
+                raise
             self._started = True
         log.info("serving: %s", self.addresses)
+
+    def _start_locked(self) -> None:
+        s = self.settings
+        for role, texts in (("listen", s.listen), ("profiler_listen", s.profiler_listen)):
+            group = self._main if role == "listen" else self._profiler
+            for i, text in enumerate(texts):
+                assert group is not None
+                self._bind(group, parse_listen_address(text, f"{role}[{i}]"))
+        if self._health_only is not None and s.health_listen is not None:
+            self._bind(self._health_only, parse_listen_address(s.health_listen, "health_listen"))
+        if not self._main.bound:
+            raise RuntimeError("'listen': no listener configured for the pull service")
+        if s.reflection:
+            for g in (self._main, self._profiler):
+                if g is not None:
+                    reflection.enable_server_reflection([*g.services, REFLECTION_SERVICE], g.server)
+        for g in self._groups():
+            g.server.start()
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving: health NOT_SERVING first, then stop accepting, then finish or cancel.
@@ -319,6 +327,9 @@ class SidecarServer:
             event.wait()
         if self._health_only is not None:
             self._health_only.server.stop(0).wait()
+        self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
         for g in self._groups():
             for path in g.sockets:
                 try:

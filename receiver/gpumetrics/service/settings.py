@@ -138,7 +138,8 @@ class ServerSettings(BaseModel):
         allow_insecure_listen: allow non-loopback TCP without TLS (and the profiler without a
             declare token or mTLS). Only for networks you trust.
         unix_socket_mode: file mode of every unix socket, set right after bind (the socket is
-            created under umask 0177 so it is never wider in between).
+            created under umask 0177 so it is never wider in between); an int, or an octal
+            string (``"0660"``, ``"0o660"``).
         unix_socket_group: group (name or gid) given to every unix socket, or None.
         tls_cert_file, tls_key_file: PEM server certificate chain and key (TLS on every TCP
             listener except ``health_listen``).
@@ -189,6 +190,16 @@ class ServerSettings(BaseModel):
         name = getattr(info, "field_name", "listen")
         for i, text in enumerate(value):
             parse_listen_address(text, f"{name}[{i}]")
+        return value
+
+    @field_validator("unix_socket_mode", mode="before")
+    @classmethod
+    def _octal_mode(cls, value: object) -> object:
+        if isinstance(value, str):  # file modes are written in octal: "0660", "0o660", "660"
+            text = value.strip().lower().removeprefix("0o")
+            if not text or any(ch not in "01234567" for ch in text):
+                raise ValueError(f"'unix_socket_mode': {value!r} is not an octal file mode")
+            return int(text, 8)
         return value
 
     @field_validator("health_listen")
