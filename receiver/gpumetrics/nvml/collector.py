@@ -110,6 +110,7 @@ class Collector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._shut_down = False
         self.ready = threading.Event()
         """Set after the first complete collection cycle."""
         self.exit_requested = threading.Event()
@@ -155,30 +156,33 @@ class Collector:
 
         Returns:
             True when every worker stopped and NVML was shut down (or never initialised);
-            False when a worker is still inside an NVML call: ``nvmlShutdown`` is then skipped,
-            since shutting down under an in-flight call crashes the real library (F22).
-
+            False when a worker (or the scheduler) is still inside an NVML call after
+            ``timeout_s``: ``nvmlShutdown`` is then not called, since shutting down under an
+            in-flight call crashes the real library (F22). Calling ``stop`` again later retries
+            the join and the shutdown; ``nvmlShutdown`` is never called twice.
         """
         end = time.monotonic() + timeout_s
+        self._stopped = True
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(max(0.0, end - time.monotonic()))
-        with self._lock:
-            if self._stopped:
+        if not self._lock.acquire(timeout=max(0.0, end - time.monotonic())):
+            self._log.error("collector stop: a cycle is still inside an NVML call; not shutting down")
+            return False
+        try:
+            if self._shut_down:
                 return True
-            self._stopped = True
             clean = self._pool.close(max(0.0, end - time.monotonic()))
-            if thread is not None and thread.is_alive():
-                clean = False
-            if not clean:
-                self._log.error(
-                    "NVML calls still in flight after %.1f s; not calling nvmlShutdown", timeout_s
-                )
+            if not clean or (thread is not None and thread.is_alive()):
+                self._log.error("NVML calls still in flight after %.1f s; not calling nvmlShutdown", timeout_s)
                 return False
             self._session.shutdown()
+            self._shut_down = True
             self._publish_up()
             return True
+        finally:
+            self._lock.release()
 
     def release(self, timeout_s: float = 5.0) -> bool:
         """Release NVML on request (driver unbind, GPU reset, MIG reconfiguration; F13).
@@ -186,8 +190,10 @@ class Collector:
         Stops device work, calls ``nvmlShutdown`` and makes no NVML call until :meth:`resume`.
         Returns False (and releases nothing) if a worker is stuck in a call.
         """
-        with self._lock:
-            if not self._pool.close(timeout_s):
+        if not self._lock.acquire(timeout=timeout_s):
+            return False
+        try:
+            if self._pool.busy() or not self._pool.close(timeout_s):
                 self._log.error("cannot release NVML: a call is still in flight")
                 return False
             self._pool = WorkerPool(self._settings.call_timeout_s)
@@ -195,6 +201,8 @@ class Collector:
             self._session.release()
             self._publish_up()
             return True
+        finally:
+            self._lock.release()
 
     def resume(self) -> None:
         """Allow NVML to be initialised again after :meth:`release` (at the next cycle)."""

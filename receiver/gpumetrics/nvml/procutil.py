@@ -15,9 +15,10 @@ stamped every returned sample with that one pid. Here:
   decoder, ``memUtil`` → memory-copy utilisation;
 - a sample whose pid is impossible or any of whose percentages lies outside 0–100 (``smUtil``
   0xFFFFFFFF, F24) is dropped whole and counted;
-- when this tick's process lists were read, only samples of pids in them are kept: the driver
-  also returns samples of processes that just exited, and capacity-sized buffers can hold stale
-  entries (nvtop #110); a process that stopped using the GPU gets no point;
+- the utilisation call is made before the process lists, and only samples of pids in those
+  lists are kept: the driver also returns samples of processes that just exited, and
+  capacity-sized buffers can hold stale entries (nvtop #110); a process that stopped using the
+  GPU gets no point (when no list is readable, validated samples are all kept);
 - INSUFFICIENT_SIZE (samples arriving between the sizing and the data call) is retried like the
   process lists (F20).
 
@@ -81,23 +82,21 @@ def _read(dev: Device, tick: Tick) -> tuple[str, list[Any]] | None:
     return None
 
 
-def collect_process_utilization(dev: Device, tick: Tick, live_pids: Collection[int] | None) -> None:
-    """Add per-process utilisation points from one call on ``dev``.
+def read_process_utilization(dev: Device, tick: Tick) -> list[Any] | None:
+    """Make this tick's one per-process utilisation call on ``dev``; return validated samples.
 
-    Args:
-        dev: a physical GPU without MIG.
-        tick: the current tick.
-        live_pids: pids in this tick's process lists, or None when the lists were unavailable.
-
+    Samples with an impossible pid or a percentage outside 0-100 are dropped (counted); the
+    cursor moves to the newest timestamp returned. None when the call is unavailable.
     """
     if not tick.wants(names.MetricProcessUtilization, names.MetricProcessMemoryCopyUtilization):
-        return
+        return None
     got = _read(dev, tick)
     if got is None:
-        return
+        return None
     function, samples = got
     newest = None
     pid_max = tick.ctx.pid_max
+    kept = []
     for s in samples:
         ts = int(s.timeStamp)
         newest = ts if newest is None else max(newest, ts)
@@ -109,13 +108,28 @@ def collect_process_utilization(dev: Device, tick: Tick, live_pids: Collection[i
         if any(not 0 <= v <= 100 for v in values):
             dev.calls.drop(function, convert.OUT_OF_RANGE, detail=f"pid {pid}: {values}")
             continue
+        kept.append((pid, ts, values))
+    dev.cursors.advance(CURSOR, newest)
+    return kept
+
+
+def collect_process_utilization(
+    dev: Device, tick: Tick, samples: list[Any], live_pids: Collection[int] | None
+) -> None:
+    """Add per-process utilisation points, one per sample and task, at each sample's own time.
+
+    Args:
+        dev: a physical GPU without MIG.
+        tick: the current tick.
+        samples: from :func:`read_process_utilization`.
+        live_pids: pids in this tick's process lists (read after the utilisation call), or
+            None when the lists were unavailable: samples of other pids are not emitted.
+    """
+    for pid, ts, values in samples:
         if live_pids is not None and pid not in live_pids:
             continue
         time_ns = tick.ctx.timebase.to_unix_ns(ts)
-        for (field, metric, extra), value in zip(_TASKS, values, strict=True):
-            if not tick.wants(metric):
-                continue
-            ratio, _ = convert.percent_to_ratio(value)
-            if ratio is not None:
+        for (_, metric, extra), value in zip(_TASKS, values, strict=True):
+            ratio, _ = convert.percent_to_ratio(value)  # validated above: never None here
+            if ratio is not None and tick.wants(metric):
                 tick.points.add_process(pid, metric, ratio, time_ns, dev.id_attrs + extra)
-    dev.cursors.advance(CURSOR, newest)

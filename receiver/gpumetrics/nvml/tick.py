@@ -5,7 +5,8 @@ needs it):
 
 - GPU without MIG: utilisation (samples, snapshot fallback), encoder/decoder, memory, power
   (samples, snapshot fallback), power limit, energy, temperature, clocks, clock-event reasons,
-  PCIe (when due), ECC (when due), process lists, process utilisation.
+  PCIe (when due), ECC (when due), process utilisation, then the process lists (which filter
+  the utilisation samples).
 - MIG-enabled GPU: board-level values once on the parent (power, limit, energy, temperature,
   clocks, reasons, PCIe, ECC); utilisation and process utilisation are skipped (documented
   unsupported under MIG); then, per MIG instance, memory and process lists on the instance
@@ -30,7 +31,7 @@ from gpumetrics.nvml.memory import collect_memory
 from gpumetrics.nvml.pcie import collect_pcie
 from gpumetrics.nvml.power import collect_energy, collect_power, collect_power_limit
 from gpumetrics.nvml.processes import collect_process_memory, read_processes
-from gpumetrics.nvml.procutil import collect_process_utilization
+from gpumetrics.nvml.procutil import collect_process_utilization, read_process_utilization
 from gpumetrics.nvml.query import QueryError
 from gpumetrics.nvml.thermal import collect_temperature
 from gpumetrics.nvml.utilization import collect_codec, collect_utilization
@@ -50,11 +51,12 @@ def _board(dev: Device, tick: Tick) -> None:
 def _processes(dev: Device, tick: Tick, utilization: bool) -> None:
     if not tick.ctx.settings.process_metrics:
         return
+    samples = read_process_utilization(dev, tick) if utilization else None
     entries = read_processes(dev, tick)
     if entries is not None:
         collect_process_memory(dev, tick, entries)
-    if utilization:
-        collect_process_utilization(dev, tick, None if entries is None else entries.keys())
+    if samples:
+        collect_process_utilization(dev, tick, samples, None if entries is None else entries.keys())
 
 
 def _instance(inst: Device, tick: Tick) -> bool:

@@ -12,7 +12,8 @@ results, up to two deadlines measured on ``time.monotonic`` (real time):
 An abandoned job keeps running on its worker; its result is discarded when it eventually
 returns, and until then the device is reported ``busy`` and gets no new job (no pile-up behind
 a hung call). :meth:`WorkerPool.close` stops and joins every worker; it reports whether all of
-them stopped, so the collector knows whether ``nvmlShutdown`` is safe (F22).
+them stopped, so the collector knows whether ``nvmlShutdown`` is safe (F22); workers that did
+not stop are joined again by the next :meth:`WorkerPool.close`.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class WorkerPool:
         self._call_timeout = call_timeout_s
         self._done = threading.Condition()
         self._workers: dict[str, _Worker] = {}
+        self._stopping: list[_Worker] = []
         self._ticket = 0
 
     def run(self, jobs: Mapping[str, Job], deadline_s: float) -> dict[str, Outcome]:
@@ -175,6 +177,7 @@ class WorkerPool:
         worker = self._workers.pop(key, None)
         if worker is not None:
             worker.stop()
+            self._stopping.append(worker)
 
     def close(self, timeout_s: float) -> bool:
         """Stop every worker and join them within ``timeout_s`` in total.
@@ -183,14 +186,15 @@ class WorkerPool:
             True when every worker thread has exited (no NVML call can still be in flight).
 
         """
-        workers = list(self._workers.values())
-        self._workers.clear()
-        for w in workers:
+        for w in self._workers.values():
             w.stop()
+        workers = [*self._stopping, *self._workers.values()]
+        self._workers.clear()
         end = time.monotonic() + timeout_s
         for w in workers:
             w.thread.join(max(0.0, end - time.monotonic()))
-        return not any(w.thread.is_alive() for w in workers)
+        self._stopping = [w for w in workers if w.thread.is_alive()]
+        return not self._stopping
 
     def busy(self) -> list[str]:
         """Keys of workers still running a job (e.g. stuck in a hung call)."""
