@@ -1,18 +1,20 @@
 """Limits of the :class:`~gpumetrics.store.BatchStore` and how the defaults were sized.
 
-Sizing (measured with the real ``Producer`` and OTLP encoder, ``docs/protocol.md`` §Store): an
-8-GPU node with 64 processes, each on one GPU, with full device attributes and a typical
-per-process resource (service, container, Kubernetes attributes), gives
+Sizing (measured with the real ``Producer`` and OTLP encoder and the catalogue as of this
+commit; ``docs/protocol.md`` §Store limits): an 8-GPU node with 64 processes, each on one GPU,
+with full device attributes and a typical per-process resource (service, container, Kubernetes
+attributes), gives
 
-* 504 data points and about 141 KiB per collection (23 device points per GPU, 5 per process), and
-* 5,040 points and about 871 KiB per 10 s batch when the collectors sample every second
-  (about 177 bytes per point once the resource and metric envelopes are shared).
+* 512 data points and about 153 KiB per collection (24 device points per GPU, 5 per process), and
+* 5,120 points and about 1.01 MiB per 10 s batch when the collectors sample every second
+  (about 208 bytes per point once the resource and metric envelopes are shared).
 
 The defaults keep 15 minutes of that node's worst case (1 s sampling, 10 s batches):
-15 min = 90 batches = 453,600 points = about 78 MiB. ``max_age_s`` is therefore the limit that
-binds first on such a node; ``max_data_points`` (500,000, about 16.5 min) and ``max_bytes``
-(96 MiB, about 18.8 min) are the safety nets for denser nodes (more processes per GPU, processes
-spread over several GPUs), where they cap memory instead of time.
+15 min = 90 batches = 460,800 points = about 91 MiB. ``max_age_s`` binds first on such a node;
+``max_bytes`` (96 MiB, about 15.8 min) and ``max_data_points`` (500,000, about 16.3 min) are the
+safety nets that cap memory on denser nodes (more processes per GPU, processes spread over
+several GPUs), where they bind before the age does. With one sample per batch the same node
+needs only about 13 MiB for 15 minutes.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_MAX_BYTES = 96 * 1024 * 1024
-"""Default ``max_bytes``: 96 MiB of serialized OTLP (about 18.8 min of the sizing node)."""
+"""Default ``max_bytes``: 96 MiB of serialized OTLP (about 15.8 min of the sizing node)."""
 
 DEFAULT_MAX_DATA_POINTS = 500_000
-"""Default ``max_data_points`` (about 16.5 min of the sizing node at 1 s sampling)."""
+"""Default ``max_data_points`` (about 16.3 min of the sizing node at 1 s sampling)."""
 
 DEFAULT_MAX_AGE_S = 15 * 60.0
 """Default ``max_age_s``: 15 minutes, in seconds."""
