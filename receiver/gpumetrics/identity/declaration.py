@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
@@ -27,8 +26,6 @@ PID_MAX_LIMIT = 4_194_304
 
 _U64_MAX = 2**64 - 1
 _ENV_NAME = re.compile(r"OTEL_[A-Za-z0-9_]*\Z")
-_EMPTY: Mapping[str, AttrValue] = MappingProxyType({})
-_EMPTY_ENV: Mapping[str, bytes] = MappingProxyType({})
 
 
 class DeclarationError(ValueError):
@@ -71,7 +68,9 @@ class DeclarationLimits:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Declared:
-    """What a profiler declared about one process (validated and decoded; read-only).
+    """What a profiler declared about one process (validated and decoded).
+
+    Shared between threads and caches: treat it, and its dicts, as read-only.
 
     Attributes:
         pid: host-namespace pid.
@@ -90,11 +89,11 @@ class Declared:
 
     pid: int
     start_time_ticks: int
-    context_resource: Mapping[str, AttrValue]
-    context_attributes: Mapping[str, AttrValue]
+    context_resource: dict[str, AttrValue]
+    context_attributes: dict[str, AttrValue]
     has_process_context: bool
-    environment: Mapping[str, bytes]
-    profiler_attributes: Mapping[str, AttrValue]
+    environment: dict[str, bytes]
+    profiler_attributes: dict[str, AttrValue]
     declared_at_ns: int
     declarer: str
 
@@ -139,7 +138,7 @@ def validate_start_time(start_time_ticks: object) -> int:
 
 def _environment(
     environment: Sequence[tuple[str, bytes]], limits: DeclarationLimits
-) -> Mapping[str, bytes]:
+) -> dict[str, bytes]:
     if len(environment) > limits.max_environment_entries:
         raise DeclarationError(
             "environment",
@@ -175,7 +174,7 @@ def _environment(
             )
         first[name] = i
         out[sys.intern(name)] = raw
-    return out if out else _EMPTY_ENV
+    return out
 
 
 def validate_declaration(
@@ -207,14 +206,14 @@ def validate_declaration(
             "process_context",
             f"{len(ctx_raw)} bytes exceed the limit of {limits.max_process_context_bytes}",
         )
-    ctx_resource, ctx_attrs = _EMPTY, _EMPTY
+    ctx_resource: dict[str, AttrValue] = {}
+    ctx_attrs: dict[str, AttrValue] = {}
     if ctx_raw:
         try:
             decoded = decode_process_context(ctx_raw)
         except ProcessContextDecodeError as exc:
             raise DeclarationError("process_context", f"not a ProcessContext: {exc}") from None
-        ctx_resource = decoded.resource or _EMPTY
-        ctx_attrs = decoded.attributes or _EMPTY
+        ctx_resource, ctx_attrs = decoded.resource, decoded.attributes
     env = _environment(environment, limits)
     res_raw = _as_bytes(profiler_resource, "profiler_resource")
     if len(res_raw) > limits.max_profiler_resource_bytes:
@@ -222,10 +221,10 @@ def validate_declaration(
             "profiler_resource",
             f"{len(res_raw)} bytes exceed the limit of {limits.max_profiler_resource_bytes}",
         )
-    prof: Mapping[str, AttrValue] = _EMPTY
+    prof: dict[str, AttrValue] = {}
     if res_raw:
         try:
-            prof = from_key_values(resource_pb2.Resource.FromString(res_raw).attributes) or _EMPTY
+            prof = from_key_values(resource_pb2.Resource.FromString(res_raw).attributes)
         except DecodeError as exc:
             raise DeclarationError("profiler_resource", f"not a Resource: {exc}") from None
     return Declared(

@@ -157,6 +157,8 @@ class ProcessResourcer:
     def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
         """Add the resource attributes of ``pid`` to ``attrs``.
 
+        Values are shared with the cache (lists/dicts included): do not mutate them.
+
         Returns:
             False when a relabel rule dropped the process (``attrs`` is left unchanged): its
             points must not be reported.
