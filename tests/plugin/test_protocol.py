@@ -10,12 +10,12 @@ from concurrent import futures
 
 import grpc
 import pytest
+from gpumetrics.runtime.parent import ParentWatcher
 from gpumetrics.service.plugin import (
     COOKIE_KEY,
     COOKIE_VALUE,
     AutoMTLSUnsupportedError,
     CookieError,
-    ParentWatcher,
     PluginEnvironment,
     PluginError,
     PluginListener,

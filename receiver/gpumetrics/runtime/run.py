@@ -24,11 +24,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from gpumetrics.config import SidecarConfig
+from gpumetrics.runtime.parent import ParentWatcher
 from gpumetrics.runtime.sidecar import Sidecar
 from gpumetrics.service.auth import AuthPolicy
 from gpumetrics.service.plugin import (
     HEALTH_SERVICE_NAME,
-    ParentWatcher,
     PluginEnvironment,
     PluginServices,
     bind_tcp,

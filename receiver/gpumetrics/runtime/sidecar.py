@@ -196,9 +196,7 @@ class Sidecar:
         )
         producer.set_process_resourcer(resourcer)
         store = BatchStore(config.store.limits(), telemetry=telemetry)
-        # DeclaredStore satisfies DeclaredStoreAPI at run time; the Protocol spells the
-        # declaration as a tuple where DeclaredStore names DeclarationInput (reported).
-        server = SidecarServer(server_settings, store, declared, health, telemetry)  # type: ignore[arg-type]
+        server = SidecarServer(server_settings, store, declared, health, telemetry)
         collector = collector_factory(producer, config.collection, telemetry)
         batcher = Batcher(
             producer,
