@@ -83,19 +83,8 @@ def test_F19_cursor_moves_to_the_newest_sample_in_the_driver_domain(nvml_run):
 
 
 def _f20(helpers):
-    """F20 with growth *between* the sizing and the data call.
-
-    The simulator counts a call before answering it, so ``visible_after_calls: {calls: 1}``
-    already shows the new processes to the sizing call (no growth at all); ``calls: 2`` makes
-    the sizing call see the old list and the data call the grown one, as the case describes.
-    The scenario grows the sample list on nvmlDeviceGetProcessUtilization (the older call).
-    """
-    scn = helpers.variant("F20_process_list_growth", **helpers.OLD_PROCESS_UTILIZATION)
-    data = scn.model_dump(mode="json", exclude_unset=True)
-    for proc in data["devices"][0]["processes"]:
-        if proc.get("visible_after_calls"):
-            proc["visible_after_calls"]["calls"] = 2
-    return helpers.scenario(data)
+    # the scenario grows the sample list on nvmlDeviceGetProcessUtilization (the older call)
+    return helpers.variant("F20_process_list_growth", **helpers.OLD_PROCESS_UTILIZATION)
 
 
 def test_F20_growing_lists_are_retried_and_complete(nvml_run, helpers):

@@ -168,6 +168,8 @@ class WorkerPool:
                     elif now >= end:
                         outcomes[key] = Outcome(Status.TIMED_OUT)
                         del pending[key]
+                    else:  # between calls: the next call cannot be overdue before this
+                        wake = min(wake, now + self._call_timeout)
                 if pending:
                     self._done.wait(max(0.0, min(wake, end) - now) + 0.001)
         return outcomes
