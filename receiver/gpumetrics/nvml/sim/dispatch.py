@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gpumetrics.nvml.sim import codes
+from gpumetrics.nvml.sim.clock import ManualClock
 from gpumetrics.nvml.sim.events import apply_event
 from gpumetrics.nvml.sim.symbols.base import Call, Symbol
 from gpumetrics.nvml.sim.world import DeviceState, MigState
@@ -67,13 +68,24 @@ def _handle_error(drv: SimDriver, sym: Symbol, target: Any, entry: Any) -> int |
     return None
 
 
+def _hold(drv: SimDriver, delta: int) -> None:
+    with drv.activity:
+        drv.held += delta
+        drv.activity.notify_all()
+
+
 def _wait(drv: SimDriver, seconds: float, hang: bool, name: str) -> int | None:
     """Pass injected latency, then a hang; returns TIMEOUT if a hang was never released."""
     if seconds > 0 and drv.latency != "off":
         clock = drv.clock
-        if drv.latency == "block" and getattr(clock, "manual", False):
+        if drv.latency == "block" and isinstance(clock, ManualClock):
             end = clock.now_us() + round(seconds * 1e6)
-            if not clock.wait_until(end, drv.max_hang_s):  # type: ignore[attr-defined]
+            _hold(drv, 1)
+            try:
+                reached = clock.wait_until(end, drv.max_hang_s)
+            finally:
+                _hold(drv, -1)
+            if not reached:
                 drv.violation(
                     "hang_not_released",
                     name,
@@ -84,20 +96,36 @@ def _wait(drv: SimDriver, seconds: float, hang: bool, name: str) -> int | None:
     if hang and not drv.closed:
         with drv.activity:
             release = drv.hang_event
-            drv.hung += 1
+            drv.held += 1
             drv.activity.notify_all()
         try:
             if not release.wait(drv.max_hang_s):
                 drv.violation("hang_not_released", name, f"not released within {drv.max_hang_s} s")
                 return codes.TIMEOUT
         finally:
-            with drv.activity:
-                drv.hung -= 1
-                drv.activity.notify_all()
+            _hold(drv, -1)
     return None
 
 
-def _run(drv: SimDriver, sym: Symbol, args: tuple[Any, ...], waited: list[int]) -> int:
+class _Trace:
+    """Per-call bookkeeping: real time spent waiting, and the counter key once known."""
+
+    __slots__ = ("waited_ns", "key")
+
+    def __init__(self) -> None:
+        self.waited_ns = 0
+        self.key: tuple[str, int | None] | None = None
+
+
+def _timed_wait(drv: SimDriver, trace: _Trace, seconds: float, hang: bool, name: str) -> int | None:
+    started = time.perf_counter_ns()
+    try:
+        return _wait(drv, seconds, hang, name)
+    finally:
+        trace.waited_ns += time.perf_counter_ns() - started
+
+
+def _run(drv: SimDriver, sym: Symbol, args: tuple[Any, ...], trace: _Trace) -> int:
     name = sym.name
     with drv.lock:
         if drv.closed:
@@ -108,7 +136,8 @@ def _run(drv: SimDriver, sym: Symbol, args: tuple[Any, ...], waited: list[int]) 
                 apply_event(drv, event)
         target, entry = _resolve(drv, sym, args)
         parent = target.parent if isinstance(target, MigState) else target
-        drv.counts[(name, parent.index if isinstance(parent, DeviceState) else None)] += 1
+        trace.key = (name, parent.index if isinstance(parent, DeviceState) else None)
+        drv.counts[trace.key] += 1
         if sym.needs_init:
             if drv.revoked:
                 return codes.UNKNOWN
@@ -121,20 +150,16 @@ def _run(drv: SimDriver, sym: Symbol, args: tuple[Any, ...], waited: list[int]) 
         sizing = sym.sizing(args) if sym.sizing is not None else None
         arg = args[sym.arg] if sym.arg is not None else None
         action = drv.faults.match(name, target, arg, sizing, now)
-    latency = action.latency_s if action is not None else 0.0
-    if name == _PCIE:
-        latency += drv.pcie_window_s
-    if latency > 0 or (action is not None and action.hang):
-        started = time.perf_counter_ns()
-        timed_out = _wait(drv, latency, action is not None and action.hang, name)
-        waited[0] += time.perf_counter_ns() - started
-        if timed_out is not None:
-            return timed_out
-    if action is not None and action.code is not None:
-        return action.code
+    if action is not None:
+        if action.latency_s > 0 or action.hang:
+            timed_out = _timed_wait(drv, trace, action.latency_s, action.hang, name)
+            if timed_out is not None:
+                return timed_out
+        if action.code is not None:
+            return action.code
     with drv.lock:
-        if drv.closed:
-            return codes.UNINITIALIZED
+        if drv.closed or (sym.needs_init and drv.init_count == 0):
+            return codes.UNINITIALIZED  # shut down while this call waited (F22)
         error = _handle_error(drv, sym, target, entry)
         if error is not None:
             return error
@@ -142,7 +167,10 @@ def _run(drv: SimDriver, sym: Symbol, args: tuple[Any, ...], waited: list[int]) 
         timeline = drv.timeline
         overrides = drv.overrides.active(name, target, arg, now)
         call = Call(name, now, timeline.seconds(now), timeline.cycle(now), overrides, sizing)
-        return sym.handler(drv, call, target, *args)
+        code = sym.handler(drv, call, target, *args)
+    if name == _PCIE and code == codes.SUCCESS and drv.pcie_window_s > 0:
+        _timed_wait(drv, trace, drv.pcie_window_s, False, name)  # the 20 ms sampling window
+    return code
 
 
 def make_callback(drv: SimDriver, sym: Symbol) -> Any:
@@ -160,12 +188,12 @@ def make_callback(drv: SimDriver, sym: Symbol) -> Any:
 
     def callback(*args: Any) -> Any:
         started = time.perf_counter_ns()
-        waited = [0]
+        trace = _Trace()
         with drv.activity:
             drv.in_flight += 1
             drv.activity.notify_all()
         try:
-            return _run(drv, sym, args, waited)
+            return _run(drv, sym, args, trace)
         except Exception as exc:  # noqa: BLE001 - a simulator bug must not become SUCCESS
             drv.violation("internal_error", sym.name, f"{type(exc).__name__}: {exc}")
             return on_error
@@ -173,7 +201,7 @@ def make_callback(drv: SimDriver, sym: Symbol) -> Any:
             with drv.activity:
                 drv.in_flight -= 1
                 drv.activity.notify_all()
-                drv.driver_ns += time.perf_counter_ns() - started - waited[0]
-                drv.wait_ns += waited[0]
+                drv.driver_ns += time.perf_counter_ns() - started - trace.waited_ns
+                drv.wait_ns += trace.waited_ns
 
     return prototype(callback)

@@ -103,7 +103,7 @@ class SimDriver:
         self.upgraded_code: int | None = None
         self.revoked = False
         self.in_flight = 0
-        self.hung = 0
+        self.held = 0
         self.activity = threading.Condition(self.lock)
         self.closed = False
         self.counts: Counter[tuple[str, int | None]] = Counter()
@@ -135,7 +135,10 @@ class SimDriver:
             self.counts.clear()
 
     def seen(self, function: str, index: int | None) -> int:
-        """Return the calls of ``function`` on device ``index`` (visibility triggers; no lock)."""
+        """Return how often ``function`` was called on device ``index`` (no lock).
+
+        The current call is included: ``visible_after_calls`` shows a process from the N-th call.
+        """
         return self.counts.get((function, index), 0)
 
     @property
@@ -281,14 +284,15 @@ class SimDriver:
             event, self.hang_event = self.hang_event, threading.Event()
         event.set()
 
-    def wait_until_hung(self, count: int = 1, timeout_s: float = 10.0) -> bool:
-        """Block until ``count`` calls are held by ``hang`` faults (or ``timeout_s`` passes).
+    def wait_until_held(self, count: int = 1, timeout_s: float = 10.0) -> bool:
+        """Block until ``count`` calls are held by the driver (or ``timeout_s`` passes).
 
-        Returns True when they are; lets a test act while a collector thread is stuck, without
-        sleeping.
+        A call is held while a ``hang`` fault blocks it, or while it waits for a manual clock
+        to reach the end of its latency (``latency="block"``). Returns True when reached;
+        lets a test act while a collector thread is stuck, without sleeping.
         """
         with self.activity:
-            return self.activity.wait_for(lambda: self.hung >= count, timeout=timeout_s)
+            return self.activity.wait_for(lambda: self.held >= count, timeout=timeout_s)
 
     def wait_until_in_flight(self, count: int = 1, timeout_s: float = 10.0) -> bool:
         """Block until ``count`` calls are inside the driver at once (or ``timeout_s``)."""

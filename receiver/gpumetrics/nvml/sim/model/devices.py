@@ -178,10 +178,14 @@ class ProcessUtilization(Strict):
 
 
 class CallTrigger(Strict):
-    """Becomes true once ``function`` has been called ``calls`` times on this device."""
+    """True from the ``calls``-th call of ``function`` on this device on (that call included).
+
+    The default 2 hides a process from a two-call function's sizing call (the 1st call) and
+    shows it to the data call (the 2nd): the list grew in between (F20).
+    """
 
     function: str
-    calls: int = Field(default=1, ge=1)
+    calls: int = Field(default=2, ge=1)
 
 
 class Process(Window):
@@ -193,8 +197,8 @@ class Process(Window):
     answers ``nvmlSystemGetProcessName`` (``name_bytes`` for raw, possibly non-UTF-8 bytes);
     with neither, the lookup gives ``name_error`` (default NOT_FOUND). MIG ids default to
     0xFFFFFFFF, or to the instance's ids under ``mig.instances``. ``visible_after_calls``
-    hides the process until a call count is reached (list growth between the sizing call and
-    the data call, F20). ``start_time_unix`` is the process start time for fake /proc trees.
+    hides the process until the N-th call of a function (list growth between the sizing call
+    and the data call, F20). ``start_time_unix`` is the process start time for fake /proc trees.
     """
 
     pid: Annotated[int, Field(ge=0, le=U32)] | Literal["self", "parent"]
