@@ -23,8 +23,12 @@ import (
 	"github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/sidecar"
 )
 
-// finalAckTimeout bounds the ack_only Pull sent at shutdown in remote mode.
-const finalAckTimeout = 2 * time.Second
+const (
+	// finalAckTimeout bounds the ack_only Pull sent at shutdown in remote mode.
+	finalAckTimeout = 2 * time.Second
+	// lostCheckTimeout bounds the health check that decides whether a subprocess is gone.
+	lostCheckTimeout = 5 * time.Second
+)
 
 // errNoConnection is returned by a scrape when the sidecar could not be reached or started.
 var errNoConnection = errors.New("no connection to the gpumetrics sidecar")
@@ -205,8 +209,11 @@ func (s *pullScraper) connection(ctx context.Context) (sidecar.Conn, error) {
 }
 
 // dropIfLost closes conn after a failed Pull when it cannot recover by itself (a subprocess that
-// exited or stopped answering), so the next scrape starts a new one.
-func (s *pullScraper) dropIfLost(ctx context.Context, conn sidecar.Conn) {
+// exited or stopped answering), so the next scrape starts a new one. The check gets its own
+// deadline: the scrape's may be spent by the Pull that failed.
+func (s *pullScraper) dropIfLost(conn sidecar.Conn) {
+	ctx, cancel := context.WithTimeout(s.stopped, lostCheckTimeout)
+	defer cancel()
 	if !conn.Lost(ctx) {
 		return
 	}
@@ -248,7 +255,7 @@ func (s *pullScraper) scrape(ctx context.Context) (pmetric.Metrics, error) {
 		resp, err := conn.Pull(ctx, req)
 		if err != nil {
 			pullErr = fmt.Errorf("pull from the gpumetrics sidecar: %w", err)
-			s.dropIfLost(ctx, conn)
+			s.dropIfLost(conn)
 			break
 		}
 		s.cursor.delivered(req)

@@ -12,7 +12,9 @@ import (
 
 	"github.com/hashicorp/go-plugin"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	gpumetricsv1 "github.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1"
 	"github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/hclogzap"
@@ -69,8 +71,8 @@ func MergeEnv(base []string, extra map[string]string) []string {
 }
 
 // StartPlugin starts the sidecar, waits for its handshake (at most cfg.StartTimeout), dispenses
-// the pull client and checks the sidecar's "plugin" health status. On any failure the process is
-// stopped and the error says which step failed.
+// the pull client and checks that the sidecar answers grpc.health.v1 for "plugin". On any
+// failure the process is stopped and the error says which step failed.
 func StartPlugin(ctx context.Context, cfg PluginConfig) (*Plugin, error) {
 	path, err := exec.LookPath(cfg.Command)
 	if err != nil {
@@ -117,25 +119,31 @@ func (p *Plugin) connect(ctx context.Context) error {
 	}
 	p.pull = pull
 	p.health = healthpb.NewHealthClient(grpcClient.Conn)
-	if err := p.checkHealth(ctx); err != nil {
+	status, err := p.checkHealth(ctx)
+	if err != nil {
 		return err
 	}
 	p.logger.Info("Started the gpumetrics sidecar as a go-plugin subprocess",
-		zap.Int("pid", p.Pid()), zap.Int("protocol_version", p.client.NegotiatedVersion()))
+		zap.Int("pid", p.Pid()), zap.Int("protocol_version", p.client.NegotiatedVersion()),
+		zap.String("health", status.String()))
+	if status != healthpb.HealthCheckResponse_SERVING {
+		p.logger.Info("The sidecar is not ready yet (no collection stored); pulls fail until it is")
+	}
 	return nil
 }
 
 // checkHealth asks grpc.health.v1.Health/Check for service "plugin" (unlike go-plugin's Ping,
-// it honours ctx's deadline).
-func (p *Plugin) checkHealth(ctx context.Context) error {
+// it honours ctx's deadline). An error means the sidecar did not answer; any status, NOT_SERVING
+// included (a sidecar whose first collection is not stored yet), means it is there.
+func (p *Plugin) checkHealth(ctx context.Context) (healthpb.HealthCheckResponse_ServingStatus, error) {
 	resp, err := p.health.Check(ctx, &healthpb.HealthCheckRequest{Service: healthService})
 	if err != nil {
-		return fmt.Errorf("health check %q: %w", healthService, err)
+		if status.Code(err) == codes.NotFound {
+			return healthpb.HealthCheckResponse_SERVICE_UNKNOWN, nil // answered: no such name
+		}
+		return healthpb.HealthCheckResponse_UNKNOWN, fmt.Errorf("health check %q: %w", healthService, err)
 	}
-	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-		return fmt.Errorf("health check %q: status %s", healthService, resp.GetStatus())
-	}
-	return nil
+	return resp.GetStatus(), nil
 }
 
 // Pid returns the sidecar's process id, or 0 when it was never started.
@@ -151,12 +159,14 @@ func (p *Plugin) Pull(ctx context.Context, req *gpumetricsv1.PullRequest) (*gpum
 	return p.pull.Pull(ctx, req)
 }
 
-// Lost reports whether the process has exited or no longer answers its health check within ctx.
+// Lost reports whether the process has exited or no longer answers its health check within ctx
+// (whatever status it answers, it is there).
 func (p *Plugin) Lost(ctx context.Context) bool {
 	if p.client.Exited() {
 		return true
 	}
-	return p.checkHealth(ctx) != nil
+	_, err := p.checkHealth(ctx)
+	return err != nil
 }
 
 // Close stops the sidecar: go-plugin's Kill calls plugin.GRPCController/Shutdown, waits up to 2 s
