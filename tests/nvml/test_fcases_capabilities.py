@@ -184,3 +184,18 @@ def test_F26_non_utf8_device_name_is_sanitised_and_the_device_exported(nvml_run,
     assert run.errors("nvmlDeviceGetName", "UNICODE_DECODE_ERROR") == 1
     warned = [r for r in caplog.records if "nvmlDeviceGetName" in r.getMessage()]
     assert len(warned) == 1  # caught per field, logged once
+
+
+def test_F08_destroyed_mig_instance_is_re_enumerated_away(nvml_run, helpers):
+    run = nvml_run("a100-mig", helpers.settings(mig_interval_s=30.0))
+    run.cycle(2)
+    before = {p.attrs["hw.id"] for p in run.output().find(names.MetricGPUMemoryUsage)}
+    assert len(before) == 3
+    run.drv.trigger("destroy_mig_instance", device=0, slot=1)
+    run.cycle(2)  # the stale handle is noticed, then the slots are enumerated again
+    out = run.output()
+    last = max(p.time for p in out.find(names.MetricGPUMemoryUsage))
+    after = {p.attrs["hw.id"] for p in out.find(names.MetricGPUMemoryUsage) if p.time == last}
+    assert after == before - {"MIG-1c3e5a7b-9d2f-5b4c-a6e8-0f2d4b6c8e13"}
+    gone = out.find(names.MetricStatus, hw__id="MIG-1c3e5a7b-9d2f-5b4c-a6e8-0f2d4b6c8e13")
+    assert gone and all(p.time < last for p in gone)  # reported until noticed, then no more
