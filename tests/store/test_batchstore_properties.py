@@ -130,11 +130,12 @@ class StoreModel(RuleBasedStateMachine):
         self.m_expire(now, keep=name)
         c = self.consumers.get(name)
         if c is None and len(self.consumers) >= LIMITS.max_consumers:
-            before = self.store.stats()
             try:
                 self.store.pull(name, ack_seq, epoch, max_points, max_bytes, ack_only)
             except TooManyConsumersError:
-                assert self.store.stats().consumers == before.consumers
+                # refused: not registered; the housekeeping it did (expiry, age drops) is what
+                # the model applied above, and the invariants compare the rest
+                assert name not in {cs.name for cs in self.store.stats().consumers}
                 return
             raise AssertionError("expected TooManyConsumersError")
         if c is None:
@@ -205,6 +206,7 @@ class StoreModel(RuleBasedStateMachine):
 
 
 StoreModel.TestCase.settings = settings(
+    derandomize=True,  # deterministic in CI; explore locally with derandomize off, more examples
     max_examples=150,
     stateful_step_count=40,
     deadline=None,
