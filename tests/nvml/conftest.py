@@ -218,12 +218,11 @@ def variant(name: str, **driver: Any) -> sim.Scenario:
 
 
 OLD_PROCESS_UTILIZATION = {"missing_symbols": ["nvmlDeviceGetProcessesUtilizationInfo"]}
-"""Driver override forcing nvmlDeviceGetProcessUtilization.
+"""Driver override that makes the collector use ``nvmlDeviceGetProcessUtilization``.
 
-The simulator writes ``nvmlProcessUtilizationInfo_v1_t`` records with a 36-byte stride while
-the struct is 40 bytes (trailing padding), so every record after the first reads as garbage
-through ``nvmlDeviceGetProcessesUtilizationInfo``; scenarios with several processes use the
-older call until that is fixed (reported to the simulator's owner).
+Scenarios whose faults, overrides or visibility triggers name that older call (F20, F21, F24)
+need it on drivers that also have ``nvmlDeviceGetProcessesUtilizationInfo``, which the
+collector prefers.
 """
 
 
