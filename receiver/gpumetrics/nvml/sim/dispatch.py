@@ -132,8 +132,8 @@ def _run(drv: SimDriver, sym: Symbol, args: tuple[Any, ...], trace: _Trace) -> i
             return codes.UNINITIALIZED
         now = drv.clock.now_us()
         if drv.events.next_us is not None and drv.events.next_us <= now:
-            for event in drv.events.due(now):
-                apply_event(drv, event)
+            for at, event in drv.events.due(now):
+                apply_event(drv, event, at)
         target, entry = _resolve(drv, sym, args)
         parent = target.parent if isinstance(target, MigState) else target
         trace.key = (name, parent.index if isinstance(parent, DeviceState) else None)

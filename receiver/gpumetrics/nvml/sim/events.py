@@ -36,26 +36,32 @@ class EventQueue:
         self._next = 0
         self.next_us = timed[0][0] if timed else None
 
-    def due(self, now_us: int) -> list[Event]:
-        """Events at or before ``now_us`` not yet returned, in order."""
+    def due(self, now_us: int) -> list[tuple[int, Event]]:
+        """Return ``(time µs, event)`` for events at or before ``now_us`` not yet returned."""
         out = []
         while self._next < len(self._events) and self._events[self._next][0] <= now_us:
-            out.append(self._events[self._next][2])
+            at, _, event = self._events[self._next]
+            out.append((at, event))
             self._next += 1
         self.next_us = self._events[self._next][0] if self._next < len(self._events) else None
         return out
 
 
-def _reset_energy(drv: SimDriver, dev: DeviceState) -> None:
+def _reset_energy(drv: SimDriver, dev: DeviceState, at_us: int) -> None:
     if dev.spec.energy_mj is None:
         return
-    now = drv.clock.now_us()
-    value = evaluate(dev.spec.energy_mj, drv.timeline.seconds(now), drv.timeline.cycle(now))
+    value = evaluate(dev.spec.energy_mj, drv.timeline.seconds(at_us), drv.timeline.cycle(at_us))
     dev.energy_offset_mj = value
 
 
-def apply_event(drv: SimDriver, event: Event) -> None:
-    """Change the simulated system as ``event`` says (caller holds the driver lock)."""
+def apply_event(drv: SimDriver, event: Event, at_us: int | None = None) -> None:
+    """Change the simulated system as ``event`` says (caller holds the driver lock).
+
+    ``at_us`` is when the event happened (default: now); events are applied lazily by the
+    next call, but an energy reset counts from the event's own time.
+    """
+    if at_us is None:
+        at_us = drv.clock.now_us()
     world = drv.world
     action = event.action
     if action == "upgrade_driver":
@@ -74,11 +80,11 @@ def apply_event(drv: SimDriver, event: Event) -> None:
     elif action == "restore_gpu":
         dev.lost = False
         world.renew_handles(dev, drv.scenario.driver.stale_handle_code)
-        _reset_energy(drv, dev)
+        _reset_energy(drv, dev, at_us)
         if event.new_index is not None and event.new_index != dev.index:
             world.move(dev, event.new_index)
     elif action == "reset_energy":
-        _reset_energy(drv, dev)
+        _reset_energy(drv, dev, at_us)
     elif action == "destroy_mig_instance":
         assert event.slot is not None
         world.destroy_mig(dev, event.slot, drv.scenario.driver.stale_handle_code)

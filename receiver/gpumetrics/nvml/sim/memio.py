@@ -45,7 +45,7 @@ RECORD_DETAIL = RECORD_V3_32  # c_nvmlProcessDetail_v1_t has the same 32-byte la
 # c_nvmlProcessUtilizationSample_t: pid u32 (+4), timeStamp u64, sm, mem, enc, dec u32.
 PROC_UTIL_SAMPLE = struct.Struct("<I4xQIIII")
 # c_nvmlProcessUtilizationInfo_v1_t: timeStamp u64, pid, sm, mem, enc, dec, jpg, ofa u32.
-PROC_UTIL_INFO = struct.Struct("<QIIIIIII")
+PROC_UTIL_INFO = struct.Struct("<QIIIIIII4x")  # padded to 40 bytes (8-byte alignment)
 # c_nvmlSample_t: timeStamp u64 followed by the 8-byte c_nvmlValue_t union.
 SAMPLE_TS = struct.Struct("<Q")
 

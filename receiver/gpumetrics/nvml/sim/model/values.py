@@ -139,7 +139,10 @@ def evaluate(value: Dyn, t: float, cycle: int) -> float:
         return value.first if frac < value.duty else value.rest
     if isinstance(value, Ramp):
         return value.start + value.per_s * t
-    step = cycle - 1 if value.per == "cycle" else int(t // value.step_s)
+    if value.per == "cycle":
+        step = cycle - 1
+    else:  # integer µs, so 0.7 s / 0.1 s is step 7, not 6.999...
+        step = round(t * 1_000_000) // round(value.step_s * 1_000_000)
     n = len(value.values)
     step = max(step, 0)
     if step >= n:
