@@ -1,0 +1,146 @@
+"""Collection cost per cycle on the simulated driver (a benchmark, not a test).
+
+For 1 and 8 simulated H100s with 0, 64 and 512 processes *per GPU*, runs the real collector
+(worker threads, gate, readers, producer) on the simulated driver with a manual clock and
+reports, per steady-state cycle:
+
+- ``cpu ms``: process CPU time (all threads) of ``Collector.collect_once``;
+- ``sim ms``: the part of it spent inside the simulated driver's C functions (the simulator
+  accumulates it; on hardware this is libnvidia-ml's own cost instead);
+- ``ours ms``: cpu - sim, the collector's own cost;
+- ``encode ms``: CPU of ``Producer.collect()`` turning that cycle into OTLP (the batcher's job);
+- ``calls``: NVML C calls per cycle (sizing and data calls counted separately, as the driver
+  sees them), against ``min``, the calls the metric set needs (see :func:`minimum_calls`).
+
+PCIe's built-in 20 ms window is turned off (it would only advance simulated time); on
+hardware each PCIe read costs ~40 ms of wall time per GPU on its worker, every
+``pcie_interval_s``.
+
+Run: ``python benchmarks/collection_bench.py [--cycles 30]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+from gpumetrics.metrics.producer import Producer
+from gpumetrics.nvml import sim
+from gpumetrics.nvml.collector import Collector
+from gpumetrics.nvml.settings import CollectionSettings
+from gpumetrics.selftelemetry import Telemetry
+
+
+def scenario(gpus: int, processes: int) -> sim.Scenario:
+    """``gpus`` H100s (the h100-sxm profile's device) with ``processes`` processes each."""
+    base = sim.load_scenario("h100-sxm").model_dump(mode="json", exclude_unset=True)
+    template = base["devices"][0]
+    template.pop("processes", None)
+    data = copy.deepcopy(base)
+    data["devices"] = []
+    data["driver"]["pcie_window_ms"] = 0
+    for i in range(gpus):
+        dev = copy.deepcopy(template)
+        dev["uuid"] = f"GPU-bench000-0000-4000-8000-{i:012d}"
+        dev["index"] = i
+        dev["pci"] = {"bus_id": f"00000000:{0x18 + i:02X}:00.0"}
+        if processes:
+            dev["process_sets"] = [
+                {
+                    "count": processes,
+                    "pid_start": 100_000 + i * 10_000,
+                    "used_memory_bytes": 268_435_456,
+                    "utilization": {"sm": 20, "mem": 5},
+                }
+            ]
+        data["devices"].append(dev)
+    return sim.scenario_from_data(data)
+
+
+def minimum_calls(gpus: int, processes: int, settings: CollectionSettings) -> float:
+    """NVML C calls per cycle the metric set needs, with one read per source per tick.
+
+    Per GPU: 3 sample buffers (GPU, memory-copy, power; sizing + data each) = 6; encoder and
+    decoder utilisation 2; memory info 1; enforced power limit 1; energy 1; temperature 1;
+    4 clock domains; clock-event reasons 1; PCIe TX+RX every ``pcie_interval_s`` and ECC
+    corrected+uncorrected every ``errors_interval_s``; process lists (compute, graphics, MPS):
+    sizing + data for a non-empty list, the sizing call alone (SUCCESS) for an empty one;
+    per-process utilisation: sizing + data, or the sizing call alone (NOT_FOUND) without
+    processes.
+    """
+    per_gpu = 6 + 2 + 1 + 1 + 1 + 1 + 4 + 1
+    per_gpu += 2 * settings.interval_s / settings.pcie_interval_s
+    per_gpu += 2 * settings.interval_s / settings.errors_interval_s
+    per_gpu += (2 + 1 + 1) if processes else 3  # compute non-empty; graphics, MPS empty
+    per_gpu += 2 if processes else 1
+    return gpus * per_gpu
+
+
+def measure(gpus: int, processes: int, cycles: int) -> dict[str, float]:
+    """Run ``cycles`` steady-state cycles and return per-cycle figures."""
+    settings = CollectionSettings(pid_max=4_194_304)
+    drv = sim.install(scenario(gpus, processes), latency="off")
+    try:
+        clock = drv.clock
+        tel = Telemetry(clock_ns=lambda: clock.now_us() * 1000)
+        prod = Producer(self_telemetry=tel)
+        col = Collector(
+            prod,
+            settings,
+            tel,
+            clock_ns=lambda: clock.now_us() * 1000,
+            monotonic_ns=lambda: clock.now_us() * 1000,
+        )
+        for _ in range(3):  # warm-up: init, discovery, capability probing, first-read windows
+            col.collect_once()
+            prod.collect()
+            drv.next_cycle()
+        start = drv.stats()
+        cpu = encode = 0.0
+        points = 0
+        for _ in range(cycles):
+            t0 = time.process_time()
+            report = col.collect_once()
+            t1 = time.process_time()
+            prod.collect()
+            t2 = time.process_time()
+            cpu += t1 - t0
+            encode += t2 - t1
+            points += report.points
+            drv.next_cycle()
+        end = drv.stats()
+        col.stop(5.0)
+    finally:
+        sim.uninstall()
+    sim_s = end["time_in_driver_s"] - start["time_in_driver_s"]
+    return {
+        "cpu_ms": 1000 * cpu / cycles,
+        "sim_ms": 1000 * sim_s / cycles,
+        "ours_ms": 1000 * (cpu - sim_s) / cycles,
+        "encode_ms": 1000 * encode / cycles,
+        "calls": (end["calls"] - start["calls"]) / cycles,
+        "min": minimum_calls(gpus, processes, settings),
+        "points": points / cycles,
+    }
+
+
+def main() -> None:
+    """Print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=30)
+    args = parser.parse_args()
+    print(f"{'gpus':>4} {'procs/gpu':>9} {'cpu ms':>8} {'sim ms':>8} {'ours ms':>8} "
+          f"{'encode ms':>9} {'calls':>7} {'min':>7} {'points':>7}")
+    for gpus in (1, 8):
+        for processes in (0, 64, 512):
+            r = measure(gpus, processes, args.cycles)
+            print(
+                f"{gpus:>4} {processes:>9} {r['cpu_ms']:>8.2f} {r['sim_ms']:>8.2f} "
+                f"{r['ours_ms']:>8.2f} {r['encode_ms']:>9.2f} {r['calls']:>7.1f} "
+                f"{r['min']:>7.1f} {r['points']:>7.0f}"
+            )
+
+
+if __name__ == "__main__":
+    main()
