@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import gpumetrics.metrics  # noqa: F401  - before selftelemetry (circular import, see report)
 import grpc
 import pytest
 from gpumetrics.selftelemetry import Telemetry

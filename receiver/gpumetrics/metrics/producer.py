@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
@@ -21,7 +21,9 @@ from gpumetrics.metrics import names
 from gpumetrics.metrics.buffer import MetricBuffer
 from gpumetrics.metrics.encode import encode_attributes, encode_metric
 from gpumetrics.metrics.spec import MetricSpec, Scope, catalogue
-from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
+
+if TYPE_CHECKING:  # selftelemetry builds on this package; importing it here would be circular
+    from gpumetrics.selftelemetry import SelfTelemetry
 
 T = TypeVar("T")
 
@@ -53,7 +55,7 @@ class Producer:
             with schema URL semconv 1.44.0).
         host_attributes: attributes of the host resource (e.g. ``host.name``, ``k8s.node.name``).
         disabled_metrics: metric names recorded but never emitted (configuration).
-        telemetry: where dropped processes are counted.
+        telemetry: where dropped processes are counted (None: not counted).
         self_telemetry: rendered under scope ``gpumetrics.self`` on the host resource by
             :meth:`collect`, or None.
 
@@ -67,7 +69,7 @@ class Producer:
         scope: Scope | None = None,
         host_attributes: Mapping[str, Any] | None = None,
         disabled_metrics: Collection[str] = (),
-        telemetry: SelfTelemetry = NO_TELEMETRY,
+        telemetry: SelfTelemetry | None = None,
         self_telemetry: Renderer | None = None,
     ) -> None:
         cat = catalogue()
@@ -152,7 +154,8 @@ class Producer:
             buf = procs[pid]
             attrs: dict[str, Any] = {names.AttrProcessPID: pid}
             if resourcer is not None and not resourcer.put_resource(pid, attrs):
-                self._telemetry.add("gpumetrics.processes.dropped_by_relabel")
+                if self._telemetry is not None:
+                    self._telemetry.add("gpumetrics.processes.dropped_by_relabel")
                 continue
             attrs[names.AttrProcessPID] = pid  # always the int pid, whatever the resourcer did
             rm = resources.add()

@@ -6,9 +6,6 @@ One module per service (style item 14): :mod:`.pull` (``MetricsPullService``), :
 :mod:`.settings` (``ServerSettings``) and :mod:`.server` (``SidecarServer``).
 """
 
-# gpumetrics.selftelemetry cannot be imported before gpumetrics.metrics (circular import through
-# metrics.producer); importing the metrics package first keeps `import gpumetrics.service` safe.
-import gpumetrics.metrics  # noqa: F401, I001
 from gpumetrics.service.auth import AuthPolicy, TokenAuth, read_token_file
 from gpumetrics.service.health import SidecarHealth
 from gpumetrics.service.names import (
