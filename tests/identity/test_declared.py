@@ -296,3 +296,20 @@ def test_threads_declare_while_producer_looks_up() -> None:
     assert st.released_exit == n_threads * per_thread // 3
     assert st.processes == len(s) <= 500
     assert st.processes == st.declared - st.released_exit - st.evicted_oldest - st.evicted_stale
+
+
+def test_resyncs_in_progress_are_bounded_and_can_be_abandoned() -> None:
+    s = DeclaredStore(max_resyncs=2)
+    s.declare(1, 0, b"", [], b"", declarer="a")
+    s.begin_resync("a")
+    s.begin_resync("b")
+    s.begin_resync("a")  # a restart of a's own resync does not count twice
+    with pytest.raises(DeclarationError) as err:
+        s.begin_resync("c")
+    assert err.value.field == "resync_begin"
+    assert s.abort_resync("a") is True
+    assert s.abort_resync("a") is False
+    s.begin_resync("c")  # the slot a held is free again
+    assert s.get(1, None)[1]  # abandoning released nothing
+    with pytest.raises(DeclarationError):
+        s.end_resync("a")

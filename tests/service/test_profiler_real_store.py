@@ -91,3 +91,30 @@ def test_real_store_stream_resync_releases_what_was_not_redeclared(sidecar):
     # 10 was not re-declared; 12's rejected re-declaration kept what it had
     assert [p for p in (10, 11, 12) if store.lookup(p)[1]] == [11, 12]
     stream.close()
+
+
+def test_stream_ending_inside_a_resync_abandons_it_without_releasing(sidecar):
+    import threading
+
+    aborted = threading.Event()
+
+    class Store(DeclaredStore):
+        def abort_resync(self, declarer: str) -> bool:
+            result = super().abort_resync(declarer)
+            aborted.set()
+            return result
+
+    store = Store()
+    sc = sidecar(declared=store)
+    stream = StreamClient(sc.profiler_stub(), (("gpumetrics-declarer", "agent"),))
+    for pid in (20, 21):
+        assert stream.send(declare=pb.ProcessDeclaration(pid=pid)).accepted
+    assert stream.send(resync_begin=pb.ResyncBegin()).accepted
+    assert stream.send(declare=pb.ProcessDeclaration(pid=21)).accepted
+    stream.close()  # the agent disconnects before ResyncEnd
+    assert aborted.wait(TIMEOUT)
+    assert [p for p in (20, 21) if store.lookup(p)[1]] == [20, 21]
+    second = StreamClient(sc.profiler_stub(), (("gpumetrics-declarer", "agent"),))
+    end = second.send(resync_end=pb.ResyncEnd())  # nothing left in progress
+    assert not end.accepted and end.rejection.field == "resync_end"
+    second.close()

@@ -78,6 +78,8 @@ class DeclaredStore:
         clock: ns since the Unix epoch (``declared_at_ns`` and the sweep interval).
         start_time_reader: live start time of a pid; None disables pid-reuse checks.
         sweep_interval_ns: least time between two procfs sweeps of a full store.
+        max_resyncs: most resynchronisations in progress at once (one per declarer); declarer
+            names come from clients, so this bounds the state they can create.
 
     Raises:
         ValueError: a limit is not positive.
@@ -95,6 +97,7 @@ class DeclaredStore:
         clock: Callable[[], int] = time.time_ns,
         start_time_reader: StartTimeReader | None = None,
         sweep_interval_ns: int = 10_000_000_000,
+        max_resyncs: int = 64,
     ) -> None:
         for name, value in (
             ("max_processes", max_processes),
@@ -102,6 +105,7 @@ class DeclaredStore:
             ("max_environment_bytes", max_environment_bytes),
             ("max_profiler_resource_bytes", max_profiler_resource_bytes),
             ("pid_max", pid_max),
+            ("max_resyncs", max_resyncs),
         ):
             if value < 1:
                 raise ValueError(f"{name}: must be >= 1, got {value}")
@@ -118,6 +122,7 @@ class DeclaredStore:
         self._last_sweep: int | None = None
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._resync: dict[str, _Resync] = {}
+        self._max_resyncs = max_resyncs
         self._seq = 0
         self._lock = threading.Lock()
         self._n = dict.fromkeys(
@@ -261,9 +266,30 @@ class DeclaredStore:
 
         Its declarations until :meth:`end_resync` are its complete view. A second begin
         restarts it.
+
+        Raises:
+            DeclarationError: field ``resync_begin`` when ``max_resyncs`` other declarers are
+                already resynchronising.
         """
         with self._lock:
+            if declarer not in self._resync and len(self._resync) >= self._max_resyncs:
+                raise DeclarationError(
+                    "resync_begin",
+                    f"{self._max_resyncs} resynchronisations already in progress",
+                )
             self._resync[declarer] = _Resync(self._seq, set())
+
+    def abort_resync(self, declarer: str) -> bool:
+        """Abandon ``declarer``'s resynchronisation without releasing anything.
+
+        Used when the stream that began it ends before ``ResyncEnd``: what was declared stays
+        held, and the next begin starts afresh.
+
+        Returns:
+            True when a resynchronisation was in progress.
+        """
+        with self._lock:
+            return self._resync.pop(declarer, None) is not None
 
     def end_resync(self, declarer: str) -> int:
         """End a resynchronisation of ``declarer``.

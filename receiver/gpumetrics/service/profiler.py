@@ -68,6 +68,9 @@ class DeclaredStoreAPI(Protocol):
     def begin_resync(self, declarer: str) -> None:
         """Start a resynchronisation of ``declarer``."""
 
+    def abort_resync(self, declarer: str) -> bool:
+        """Abandon ``declarer``'s resynchronisation without releasing anything."""
+
     def end_resync(self, declarer: str) -> int:
         """End it; return how many declarations were released."""
 
@@ -194,13 +197,23 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
     ) -> Iterator[profiler_pb2.StreamDeclarationsResponse]:
         """Answer every event with one response, in order.
 
-        A stream that ends inside a resync leaves it open in the store; the agent's next
-        ``ResyncBegin`` (or ``replace_all``) restarts it.
+        A stream that ends inside a resync it began abandons that resync
+        (``DeclaredStore.abort_resync``): nothing is released, and the agent's next
+        ``ResyncBegin`` starts afresh.
         """
         declarer = declarer_of(context)
-        for event in request_iterator:
-            yield self._apply(event, declarer)
-            self._telemetry.set("gpumetrics.declarations", len(self._declared))
+        in_resync = False
+        try:
+            for event in request_iterator:
+                response = self._apply(event, declarer)
+                kind = event.WhichOneof("event")
+                if response.accepted and kind in ("resync_begin", "resync_end"):
+                    in_resync = kind == "resync_begin"
+                yield response
+                self._telemetry.set("gpumetrics.declarations", len(self._declared))
+        finally:
+            if in_resync:
+                self._declared.abort_resync(declarer)
 
     def _apply(
         self, event: profiler_pb2.StreamDeclarationsRequest, declarer: str
