@@ -130,8 +130,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=30)
     args = parser.parse_args()
-    print(f"{'gpus':>4} {'procs/gpu':>9} {'cpu ms':>8} {'sim ms':>8} {'ours ms':>8} "
-          f"{'encode ms':>9} {'calls':>7} {'min':>7} {'points':>7}")
+    print(
+        f"{'gpus':>4} {'procs/gpu':>9} {'cpu ms':>8} {'sim ms':>8} {'ours ms':>8} "
+        f"{'encode ms':>9} {'calls':>7} {'min':>7} {'points':>7}"
+    )
     for gpus in (1, 8):
         for processes in (0, 64, 512):
             r = measure(gpus, processes, args.cycles)

@@ -157,8 +157,14 @@ def test_F25_pcie_directions_and_kib_multiplier(nvml_run):
     run = nvml_run("F25_pcie_directions")
     run.cycle()
     out = run.output()
-    assert out.one(names.MetricGPUPCIeThroughput, network__io__direction="transmit").value == 1200 * 1024
-    assert out.one(names.MetricGPUPCIeThroughput, network__io__direction="receive").value == 34000 * 1024
+    assert (
+        out.one(names.MetricGPUPCIeThroughput, network__io__direction="transmit").value
+        == 1200 * 1024
+    )
+    assert (
+        out.one(names.MetricGPUPCIeThroughput, network__io__direction="receive").value
+        == 34000 * 1024
+    )
     assert run.calls("nvmlDeviceGetPcieThroughput", 0) == 2  # TX and RX; counter 2 never queried
     assert run.failures() == 0
 
@@ -178,7 +184,9 @@ def test_F26_non_utf8_device_name_is_sanitised_and_the_device_exported(nvml_run,
     dev = "GPU-f2600000-0000-4000-8000-000000000001"
     power = out.find(names.MetricPower, hw__id=dev)
     assert [p.value for p in power] == [40.0, 40.0]
-    assert power[0].attrs["hw.model"] == "\ufffdNVIDIA"  # invalid byte replaced, control char removed
+    assert (
+        power[0].attrs["hw.model"] == "\ufffdNVIDIA"
+    )  # invalid byte replaced, control char removed
     # the process is exported (its name is the identity package's business, not a metric attribute)
     assert out.values(names.MetricProcessMemoryUsage, pid=77) == [536870912] * 2
     assert run.errors("nvmlDeviceGetName", "UNICODE_DECODE_ERROR") == 1

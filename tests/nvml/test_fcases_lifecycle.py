@@ -1,7 +1,6 @@
 """Field cases F10-F14: handle failures, lost GPUs, driver upgrade, release, late driver."""
 
 import pytest
-
 from gpumetrics.metrics import names
 from gpumetrics.nvml import sim
 from gpumetrics.nvml.library import EXIT_VERSION_MISMATCH
@@ -28,8 +27,12 @@ def _current(states):
         ("F10_handle_failure_gpu_lost", "GPU-f1b00000", "GPU_IS_LOST"),
     ],
 )
-def test_F10_one_gpu_without_handle_does_not_stop_the_others(nvml_run, helpers, scenario, prefix, code):
-    run = nvml_run(scenario, helpers.settings(device_backoff_initial_s=2.0, device_backoff_max_s=8.0))
+def test_F10_one_gpu_without_handle_does_not_stop_the_others(
+    nvml_run, helpers, scenario, prefix, code
+):
+    run = nvml_run(
+        scenario, helpers.settings(device_backoff_initial_s=2.0, device_backoff_max_s=8.0)
+    )
     run.cycle(8)
     out = run.output()
     healthy = [f"{prefix}-0000-4000-8000-00000000000{i}" for i in (0, 1, 3)]
@@ -39,10 +42,16 @@ def test_F10_one_gpu_without_handle_does_not_stop_the_others(nvml_run, helpers, 
         assert _current(_status(out, uuid)) == ["ok"] * 8
     # GPU 2: keyed by index, failed in every cycle, no other metric
     assert _current(_status(out, "index:2")) == ["failed"] * 8
-    assert {p.attrs["hw.id"] for p in out.points if p.scope == "parca.nvidia_gpu_metrics"} == {*healthy, "index:2"}
+    assert {p.attrs["hw.id"] for p in out.points if p.scope == "parca.nvidia_gpu_metrics"} == {
+        *healthy,
+        "index:2",
+    }
     assert {p.attrs.get("hw.name") for p in out.find(STATUS, hw__id="index:2")} == {"gpu2"}
     # every state is emitted every cycle (1 for the current, 0 for the rest)
-    assert all(set(st) == {"ok", "degraded", "failed", "predicted_failure"} for st in _status(out, "index:2"))
+    assert all(
+        set(st) == {"ok", "degraded", "failed", "predicted_failure"}
+        for st in _status(out, "index:2")
+    )
     # retried on back-off (2 s, then 4 s): discovery in cycle 1, probes in cycles 3 and 7
     assert run.calls("nvmlDeviceGetHandleByIndex_v2", 2) == 3
     assert run.errors("nvmlDeviceGetHandleByIndex", code) == 3
@@ -56,7 +65,8 @@ F11_B = "GPU-f1100000-0000-4000-8000-000000000001"
 
 def test_F11_lost_gpu_reports_failed_with_reduced_probing_and_comes_back(nvml_run, helpers):
     run = nvml_run(
-        "F11_gpu_lost_and_back", helpers.settings(device_backoff_initial_s=2.0, device_backoff_max_s=2.0)
+        "F11_gpu_lost_and_back",
+        helpers.settings(device_backoff_initial_s=2.0, device_backoff_max_s=2.0),
     )
     run.cycle(3)
     first = run.output()
@@ -74,7 +84,10 @@ def test_F11_lost_gpu_reports_failed_with_reduced_probing_and_comes_back(nvml_ru
     assert run.errors(code="GPU_IS_LOST") - errors_before == 2  # cycle 4 and the cycle-6 probe
     assert calls_during <= 2  # the probe only: handle by UUID (and its index)
     # the other GPUs never noticed
-    assert len(lost.find(names.MetricTemperature, hw__id="GPU-f1100000-0000-4000-8000-000000000000")) == 4
+    assert (
+        len(lost.find(names.MetricTemperature, hw__id="GPU-f1100000-0000-4000-8000-000000000000"))
+        == 4
+    )
     run.cycle(2)  # cycle 8: probe succeeds and the GPU is read in the same cycle
     back = run.output()
     assert _current(_status(back, F11_B)) == ["ok"] * 2
@@ -94,7 +107,10 @@ def test_F11_gpu_back_at_a_new_index_keeps_its_uuid(nvml_run, helpers):
     run.cycle(9)
     out = run.output()
     assert _current(_status(out, uuid)) == ["ok"] * 3 + ["failed"] * 4 + ["ok"] * 2
-    assert {p.attrs["hw.name"] for p in out.find(names.MetricTemperature, hw__id=uuid)} == {"gpu1", "gpu3"}
+    assert {p.attrs["hw.name"] for p in out.find(names.MetricTemperature, hw__id=uuid)} == {
+        "gpu1",
+        "gpu3",
+    }
     assert len(out.find(names.MetricTemperature, hw__id=uuid)) == 5
     # the GPU that moved to index 1 kept reporting under its own UUID throughout
     other = "GPU-f1200000-0000-4000-8000-000000000003"
@@ -104,14 +120,18 @@ def test_F11_gpu_back_at_a_new_index_keeps_its_uuid(nvml_run, helpers):
 def test_F12_driver_upgrade_reports_nvml_down_and_requests_exit(nvml_run, helpers):
     run = nvml_run(
         "F12_driver_upgraded",
-        helpers.settings(init_backoff_initial_s=1.0, init_backoff_max_s=1.0, max_version_mismatch_inits=3),
+        helpers.settings(
+            init_backoff_initial_s=1.0, init_backoff_max_s=1.0, max_version_mismatch_inits=3
+        ),
     )
     run.cycle(3)
     assert len(run.output().find(names.MetricTemperature)) == 3
     report = run.cycle()  # cycle 4: every call answers UNINITIALIZED
     assert not report.up and report.reason == "uninitialized"
     out = run.output()
-    assert [p for p in out.points if p.scope == "parca.nvidia_gpu_metrics"] == []  # no stale metrics
+    assert [
+        p for p in out.points if p.scope == "parca.nvidia_gpu_metrics"
+    ] == []  # no stale metrics
     run.cycle(3)  # cycles 5-7: init answers LIB_RM_VERSION_MISMATCH three times
     up = run.self_output().one("gpumetrics.nvml.up")
     assert up.value == 0 and up.attrs == {"reason": "lib_rm_version_mismatch"}

@@ -12,7 +12,7 @@ def test_F01_r535_32byte_records_drop_the_process_list_and_keep_device_metrics(n
     with caplog.at_level(logging.WARNING, logger="gpumetrics.nvml"):
         run.cycle(3)
     out = run.output()
-    # the 32-byte stride read as 24-byte records gives pid 0 / 0xFFFFFFFF entries: the list is dropped
+    # 32-byte records read at a 24-byte stride give pid 0 / 0xFFFFFFFF entries: list dropped
     assert out.find(PROC_MEM) == []
     assert out.pids() == set()
     assert run.dropped("process_struct_mismatch") == 3  # once per cycle

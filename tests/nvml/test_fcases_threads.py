@@ -13,11 +13,15 @@ DEADLINE = 0.2
 
 def _wait_for(drv, predicate, timeout=5.0):
     with drv.activity:
-        assert drv.activity.wait_for(lambda: predicate(drv), timeout=timeout), "simulator never got there"
+        assert drv.activity.wait_for(lambda: predicate(drv), timeout=timeout), (
+            "simulator never got there"
+        )
 
 
 def _f21(helpers, keep):
-    data = helpers.variant("F21_slow_and_hung_calls", pcie_window_ms=0, **helpers.OLD_PROCESS_UTILIZATION)
+    data = helpers.variant(
+        "F21_slow_and_hung_calls", pcie_window_ms=0, **helpers.OLD_PROCESS_UTILIZATION
+    )
     raw = data.model_dump(mode="json", exclude_unset=True)
     raw["faults"] = [f for f in raw["faults"] if keep(f)]
     return helpers.scenario(raw)
@@ -28,11 +32,16 @@ def _uuid(i):
 
 
 def _timeouts(run):
-    return {p.attrs["nvml.function"]: p.value for p in run.self_output().find("gpumetrics.collection.timeouts")}
+    return {
+        p.attrs["nvml.function"]: p.value
+        for p in run.self_output().find("gpumetrics.collection.timeouts")
+    }
 
 
 def test_F21_slow_call_is_abandoned_at_the_call_deadline_and_others_continue(nvml_run, helpers):
-    scn = _f21(helpers, lambda f: f.get("latency_s"))  # GetProcessUtilization on GPU 3: 8 s in cycle 5
+    scn = _f21(
+        helpers, lambda f: f.get("latency_s")
+    )  # GetProcessUtilization on GPU 3: 8 s in cycle 5
     run = nvml_run(scn, helpers.settings(call_timeout_s=DEADLINE), latency="block")
     run.cycle(4)
     run.output()
@@ -42,13 +51,17 @@ def test_F21_slow_call_is_abandoned_at_the_call_deadline_and_others_continue(nvm
     for i in (0, 1, 2):
         assert len(out.find(names.MetricTemperature, hw__id=_uuid(i))) == 1
         assert out.values(names.MetricProcessMemoryUsage, pid=2100 + i) == [1073741824]
-    assert [p for p in out.points if p.attrs.get("hw.id") == _uuid(3) and p.metric != names.MetricStatus] == []
+    assert [
+        p for p in out.points if p.attrs.get("hw.id") == _uuid(3) and p.metric != names.MetricStatus
+    ] == []
     assert out.one(names.MetricStatus, hw__id=_uuid(3), hw__state="degraded").value == 1
     assert _timeouts(run) == {"nvmlDeviceGetProcessUtilization": 1}
     # next cycle: GPU 3 is still inside the call, gets no new work, and is not counted twice
     run.drv.next_cycle()
     report = run.collect()
-    assert report.timed_out == [_uuid(3)] and _timeouts(run) == {"nvmlDeviceGetProcessUtilization": 1}
+    assert report.timed_out == [_uuid(3)] and _timeouts(run) == {
+        "nvmlDeviceGetProcessUtilization": 1
+    }
     assert len(run.output().find(names.MetricTemperature)) == 3
     # the call ends (the test moves simulated time past it): GPU 3 is read again
     run.drv.advance(8.0)
@@ -72,7 +85,9 @@ def test_F21_hung_gpu_never_blocks_the_others_or_the_export(nvml_run, helpers):
     out = run.output()  # the producer answers while GPU 2 hangs
     assert len(out.find(names.MetricTemperature)) == 3 * 3
     assert out.find(names.MetricTemperature, hw__id=_uuid(2)) == []
-    assert [p.value for p in out.find(names.MetricStatus, hw__id=_uuid(2), hw__state="degraded")] == [1, 1, 1]
+    assert [
+        p.value for p in out.find(names.MetricStatus, hw__id=_uuid(2), hw__state="degraded")
+    ] == [1, 1, 1]
     assert sum(_timeouts(run).values()) == 1  # one hung call, counted once
     # no pile-up: nothing more was called on GPU 2 behind the hung call
     assert sum(n for (_, dev), n in run.drv.calls.items() if dev == 2) == calls_on_2
@@ -82,7 +97,9 @@ def test_F21_hung_gpu_never_blocks_the_others_or_the_export(nvml_run, helpers):
 
 def test_F21_slow_init_does_not_block_the_exporter(nvml_run, helpers):
     # nvmlInit takes 90 s of simulated time; PCIe's own 20 ms window is off so that only init blocks
-    run = nvml_run(helpers.variant("F21_slow_init", pcie_window_ms=0), helpers.settings(), latency="block")
+    run = nvml_run(
+        helpers.variant("F21_slow_init", pcie_window_ms=0), helpers.settings(), latency="block"
+    )
     run.col.start()
     _wait_for(run.drv, lambda d: d.in_flight > 0)  # the scheduler is inside nvmlInit
     assert not run.col.ready.is_set() and not run.col.nvml_up()

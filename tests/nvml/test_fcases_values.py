@@ -1,4 +1,4 @@
-"""Field cases F15, F16, F19, F20, F23, F24: pids, empty buffers, growing lists, counters, garbage."""
+"""Field cases F15, F16, F19, F20, F23, F24: pids, empty buffers, growing lists, counters."""
 
 import logging
 
@@ -28,7 +28,9 @@ def test_F15_a_colliding_local_pid_never_names_the_host_process(nvml_run):
     run.cycle()
     out = run.output()
     assert out.values(PROC_MEM, pid=3412002) == [2147483648]
-    assert all("bash" not in str(v) for p in out.points for v in (*p.attrs.values(), *p.resource.values()))
+    assert all(
+        "bash" not in str(v) for p in out.points for v in (*p.attrs.values(), *p.resource.values())
+    )
     assert run.calls("nvmlSystemGetProcessName") == 0
 
 

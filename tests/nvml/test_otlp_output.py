@@ -1,10 +1,9 @@
 """The collector's OTLP output: shapes per the catalogue, static reads once, exact goldens."""
 
 import pytest
-from opentelemetry.proto.metrics.v1 import metrics_pb2
-
 from gpumetrics.metrics import names
 from gpumetrics.metrics.spec import Instrument, ValueType, catalogue
+from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 CUMULATIVE = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
 PROFILES = ["h100-sxm", "h100-8x-training", "a100-mig", "gb10"]
@@ -12,8 +11,7 @@ PROFILES = ["h100-sxm", "h100-8x-training", "a100-mig", "gb10"]
 
 def _scope_metrics(request):
     for rm in request.resource_metrics:
-        for sm in rm.scope_metrics:
-            yield rm, sm
+        yield from rm.scope_metrics
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -24,7 +22,7 @@ def test_output_follows_the_catalogue(nvml_run, profile):
     specs = catalogue().metrics
     self_specs = catalogue().self_metrics
     seen = set()
-    for rm, sm in _scope_metrics(request):
+    for sm in _scope_metrics(request):
         names_in_scope = [m.name for m in sm.metrics]
         assert len(names_in_scope) == len(set(names_in_scope)), "one Metric per name per scope"
         for m in sm.metrics:
@@ -45,7 +43,9 @@ def test_output_follows_the_catalogue(nvml_run, profile):
             for dp in points:
                 assert dp.time_unix_nano > 1_700_000_000 * 10**9, m.name  # Unix-epoch ns
                 kind = dp.WhichOneof("value")
-                assert kind == ("as_int" if spec.value_type is ValueType.INT else "as_double"), m.name
+                assert kind == ("as_int" if spec.value_type is ValueType.INT else "as_double"), (
+                    m.name
+                )
                 if spec.ratio:
                     assert 0.0 <= dp.as_double <= 1.0, m.name
                 keys = [kv.key for kv in dp.attributes]
@@ -53,7 +53,9 @@ def test_output_follows_the_catalogue(nvml_run, profile):
                 if sm.scope.name == names.ScopeName:
                     assert "hw.id" in keys, m.name
                     for key, allowed in spec.attributes.items():
-                        value = next((kv.value.string_value for kv in dp.attributes if kv.key == key), None)
+                        value = next(
+                            (kv.value.string_value for kv in dp.attributes if kv.key == key), None
+                        )
                         if allowed and value is not None and not value.startswith("bit_"):
                             assert value in allowed, (m.name, key, value)
     assert names.MetricStatus in seen and names.MetricPower in seen
@@ -118,4 +120,6 @@ def test_golden_output(nvml_run, helpers, update_golden, profile):
         path.write_text(text)
         pytest.fail(f"wrote {path}; review the diff and rerun without --update-golden")
     assert path.exists(), f"no golden {path}: run pytest {__file__} --update-golden"
-    assert text == path.read_text(), f"{profile}: output differs from {path.name} (see --update-golden)"
+    assert text == path.read_text(), (
+        f"{profile}: output differs from {path.name} (see --update-golden)"
+    )

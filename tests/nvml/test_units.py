@@ -5,8 +5,6 @@ import logging
 
 import pynvml
 import pytest
-from pydantic import ValidationError
-
 from gpumetrics.nvml import convert
 from gpumetrics.nvml.clocks import event_reason_values
 from gpumetrics.nvml.counters import CounterTracker
@@ -14,6 +12,7 @@ from gpumetrics.nvml.query import ErrorKind, QueryError, classify, query
 from gpumetrics.nvml.samples import Cursors, TimeBase, decode_samples, decode_value
 from gpumetrics.nvml.settings import CollectionSettings
 from gpumetrics.nvml.state import Backoff, DeviceHealth, HealthState
+from pydantic import ValidationError
 
 # --- query(): every failure to a closed kind --------------------------------------------------
 
@@ -83,7 +82,11 @@ def test_unversioned_wrapper_on_driver_440_raises_the_mismatch_error_we_map(nvml
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         with pytest.raises(QueryError) as info:
-            query("nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses, handle)
+            query(
+                "nvmlDeviceGetComputeRunningProcesses",
+                pynvml.nvmlDeviceGetComputeRunningProcesses,
+                handle,
+            )
         assert isinstance(info.value.cause, pynvml.NVMLLibraryMismatchError)
         assert info.value.kind is ErrorKind.FUNCTION_MISSING
     finally:
@@ -246,7 +249,12 @@ def test_device_state_machine(caplog):
 
 def test_settings_defaults_and_validation_name_the_field():
     s = CollectionSettings()
-    assert (s.interval_s, s.pcie_interval_s, s.call_timeout_s, s.cycle_deadline_s) == (1.0, 10.0, 2.0, 1.0)
+    assert (s.interval_s, s.pcie_interval_s, s.call_timeout_s, s.cycle_deadline_s) == (
+        1.0,
+        10.0,
+        2.0,
+        1.0,
+    )
     with pytest.raises(ValidationError, match="pcie_interval_s"):
         CollectionSettings(interval_s=5.0, pcie_interval_s=2.0)
     with pytest.raises(ValidationError, match="disabled_metrics"):
@@ -256,7 +264,9 @@ def test_settings_defaults_and_validation_name_the_field():
 
 
 def test_disabled_metrics_skip_their_nvml_calls(nvml_run, helpers):
-    run = nvml_run("F25_pcie_directions", helpers.settings(disabled_metrics={"nvidia.gpu.pcie.throughput"}))
+    run = nvml_run(
+        "F25_pcie_directions", helpers.settings(disabled_metrics={"nvidia.gpu.pcie.throughput"})
+    )
     run.cycle()
     assert run.calls("nvmlDeviceGetPcieThroughput") == 0
     assert run.output().find("nvidia.gpu.pcie.throughput") == []

@@ -50,7 +50,7 @@ class DeviceLost(Exception):
 
 
 class LibraryDown(Exception):
-    """A call answered a library-lifecycle code; every device's tick stops, NVML is re-initialised."""
+    """A call answered a library-lifecycle code: every tick stops and NVML is re-initialised."""
 
     def __init__(self, error: QueryError) -> None:
         super().__init__(str(error))
@@ -85,7 +85,7 @@ class DeviceCalls:
 
     # --- capability cache -------------------------------------------------------------
     def enabled(self, cap: str) -> bool:
-        """True unless capability ``cap`` was disabled by an earlier answer."""
+        """Return True unless capability ``cap`` was disabled by an earlier answer."""
         return cap not in self._disabled
 
     def note(self, function: str, message: str) -> None:
@@ -97,7 +97,7 @@ class DeviceCalls:
         self._disabled[cap] = kind
 
     def disabled(self) -> dict[str, ErrorKind]:
-        """The disabled capabilities and why (a copy)."""
+        """Return the disabled capabilities and why (a copy)."""
         return dict(self._disabled)
 
     def begin_tick(self) -> None:

@@ -3,11 +3,12 @@
 - ``nvmlDeviceGetClockInfo(handle, type)`` for graphics (0), SM (1), memory (2) and video (3),
   in MHz → Hz. Each domain is its own capability: a domain the device cannot report (memory on
   GB10, F17) is disabled alone and the others continue.
-- Clock-event reasons (``nvidia.gpu.clock.event_reason``): ``nvmlDeviceGetCurrentClocksEventReasons``
-  where the driver has it (R535+), else the deprecated ``…ClocksThrottleReasons`` (same bitmask,
-  F06), chosen from the symbols probed at init. Every known reason is emitted each tick, 1 when
-  its bit is set and 0 otherwise, like ``hw.status``; a set bit the binding does not know is
-  passed through as ``bit_<n>`` (value 1) rather than dropped.
+- Clock-event reasons (``nvidia.gpu.clock.event_reason``):
+  ``nvmlDeviceGetCurrentClocksEventReasons`` where the driver has it (R535+), else the
+  deprecated ``…ClocksThrottleReasons`` (same bitmask, F06), chosen from the symbols probed at
+  init. Every known reason is emitted each tick, 1 when its bit is set and 0 otherwise, like
+  ``hw.status``; a set bit the binding does not know is passed through as ``bit_<n>`` (value 1)
+  rather than dropped.
 """
 
 from __future__ import annotations

@@ -22,19 +22,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpumetrics.metrics import names
-from gpumetrics.metrics.buffer import MetricBuffer
 from gpumetrics.metrics.producer import Producer
 from gpumetrics.nvml.calls import DeviceCalls, DeviceLost, LibraryDown
+from gpumetrics.nvml.commit import commit, publish_devices, with_instances
 from gpumetrics.nvml.context import Context, Points, Tick, read_pid_max
 from gpumetrics.nvml.device import Device, discover
 from gpumetrics.nvml.library import Session
 from gpumetrics.nvml.query import QueryError
 from gpumetrics.nvml.samples import TimeBase, boot_time_ns
 from gpumetrics.nvml.settings import CollectionSettings
-from gpumetrics.nvml.state import HealthState
 from gpumetrics.nvml.tick import probe, run_tick
 from gpumetrics.nvml.workers import Job, Status, WorkerPool
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
@@ -48,7 +46,8 @@ class CycleReport:
 
     Attributes:
         up: NVML was up for the cycle.
-        reason: ``gpumetrics.nvml.up`` reason (``ok``, ``released``, ``lib_rm_version_mismatch``...).
+        reason: ``gpumetrics.nvml.up`` reason (``ok``, ``released``,
+            ``lib_rm_version_mismatch``...).
         states: ``hw.state`` per device UUID (MIG instances included).
         timed_out: device UUIDs abandoned at a deadline (or still busy) this cycle.
         points: data points committed to the producer.
@@ -124,11 +123,11 @@ class Collector:
         return self._session.exit_code
 
     def nvml_up(self) -> bool:
-        """True while NVML is initialised and answering."""
+        """Return True while NVML is initialised and answering."""
         return self._session.up
 
     def devices(self) -> list[Device]:
-        """The current devices (physical GPUs and placeholders; MIG instances hang off them)."""
+        """Return the current devices (physical GPUs, placeholders; MIG instances hang off them)."""
         with self._lock:
             return list(self._devices)
 
@@ -160,6 +159,7 @@ class Collector:
             ``timeout_s``: ``nvmlShutdown`` is then not called, since shutting down under an
             in-flight call crashes the real library (F22). Calling ``stop`` again later retries
             the join and the shutdown; ``nvmlShutdown`` is never called twice.
+
         """
         end = time.monotonic() + timeout_s
         self._stopped = True
@@ -168,14 +168,18 @@ class Collector:
         if thread is not None and thread is not threading.current_thread():
             thread.join(max(0.0, end - time.monotonic()))
         if not self._lock.acquire(timeout=max(0.0, end - time.monotonic())):
-            self._log.error("collector stop: a cycle is still inside an NVML call; not shutting down")
+            self._log.error(
+                "collector stop: a cycle is still inside an NVML call; not shutting down"
+            )
             return False
         try:
             if self._shut_down:
                 return True
             clean = self._pool.close(max(0.0, end - time.monotonic()))
             if not clean or (thread is not None and thread.is_alive()):
-                self._log.error("NVML calls still in flight after %.1f s; not calling nvmlShutdown", timeout_s)
+                self._log.error(
+                    "NVML calls still in flight after %.1f s; not calling nvmlShutdown", timeout_s
+                )
                 return False
             self._session.shutdown()
             self._shut_down = True
@@ -339,69 +343,13 @@ class Collector:
 
     # --- output ------------------------------------------------------------------------
     def _all_devices(self) -> list[Device]:
-        out = []
-        for d in self._devices:
-            out.append(d)
-            out.extend(d.instances.values())
-        return out
+        return with_instances(self._devices)
 
     def _commit(self, points: Points, now_ns: int) -> int:
-        status = Points()
-        for d in self._all_devices():
-            attrs = d.attrs + _GPU_TYPE
-            for state, value in d.health.status_values():
-                status.add(
-                    names.MetricStatus,
-                    value,
-                    now_ns,
-                    attrs + ((names.AttrHwState, state),),
-                    d.start_ns,
-                )
-        by_pid: dict[int, list[Any]] = {}
-        for p in points.processes:
-            by_pid.setdefault(p[0], []).append(p[1:])
-        dropped = 0
-
-        def host(buf: MetricBuffer) -> int:
-            nonlocal dropped
-            n = 0
-            for metric, value, t, attrs, start in (*status.host, *points.host):
-                try:
-                    buf.add(metric, value, t, attrs, start)
-                    n += 1
-                except ValueError:
-                    dropped += 1
-            return n
-
-        def proc(rows: list[Any]) -> Callable[[MetricBuffer], int]:
-            def fn(buf: MetricBuffer) -> int:
-                nonlocal dropped
-                n = 0
-                for metric, value, t, attrs, start in rows:
-                    try:
-                        buf.add(metric, value, t, attrs, start)
-                        n += 1
-                    except ValueError:
-                        dropped += 1
-                return n
-
-            return fn
-
-        n = self._producer.record_host(host)
-        for pid, rows in by_pid.items():
-            n += self._producer.record_process(pid, proc(rows))
-        if dropped:
-            self._telemetry.add("gpumetrics.values.dropped", dropped, {"reason": "invalid_point"})
-        self._publish_devices()
-        return n
+        return commit(self._producer, self._telemetry, self._devices, points, now_ns)
 
     def _publish_devices(self) -> None:
-        counts = {s.value: 0 for s in HealthState}
-        for d in self._all_devices():
-            counts[d.health.state.value] += 1
-        self._telemetry.replace(
-            "gpumetrics.devices", {(("hw.state", state),): n for state, n in counts.items()}
-        )
+        publish_devices(self._telemetry, self._all_devices())
 
     def _publish_up(self) -> None:
         up = self._session.up

@@ -116,7 +116,7 @@ class Tick:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def wants(self, *metrics: str) -> bool:
-        """True when at least one of ``metrics`` is collected."""
+        """Return True when at least one of ``metrics`` is collected."""
         return self.ctx.settings.wants(*metrics)
 
     def samples(self, dev: Any, sampling_type: int) -> list[Sample] | None:

@@ -6,14 +6,14 @@ counted under ``gpumetrics.values.dropped{reason}``; none of them ever substitut
 
 | NVML unit | OTLP unit | rule | source |
 |---|---|---|---|
-| % (u32) | ratio ``1`` | ÷ 100; outside 0–100 dropped (``out_of_range``) | semconv §1 pitfall; F24 |
-| mW (u32) | ``W`` | ÷ 1000; 0xFFFFFFFF dropped (``sentinel``) | nvml.h power calls |
-| mJ (u64) | ``J`` | ÷ 1000; 2⁶⁴−1 dropped (``sentinel``) | ``nvmlDeviceGetTotalEnergyConsumption`` |
-| MHz (u32) | ``Hz`` | × 10⁶; 0xFFFFFFFF or above 100 GHz dropped | ``nvmlDeviceGetClockInfo`` |
-| KB/s (u32) | ``By/s`` | × :data:`PCIE_KB` (1024); 0xFFFFFFFF dropped | ``nvmlDeviceGetPcieThroughput`` |
-| bytes (u64) | ``By`` | as is; 2⁶⁴−1 dropped (``sentinel``) | memory info, process lists |
+| % (u32) | ratio ``1`` | ÷ 100; outside 0–100 dropped (``out_of_range``) | semconv §1; F24 |
+| mW (u32) | ``W`` | ÷ 1000; 0xFFFFFFFF dropped (``sentinel``) | power calls |
+| mJ (u64) | ``J`` | ÷ 1000; 2⁶⁴−1 dropped (``sentinel``) | total energy |
+| MHz (u32) | ``Hz`` | × 10⁶; 0xFFFFFFFF or above 100 GHz dropped | clock info |
+| KB/s (u32) | ``By/s`` | × :data:`PCIE_KB` (1024); 0xFFFFFFFF dropped | PCIe throughput |
+| bytes (u64) | ``By`` | as is; 2⁶⁴−1 dropped (``sentinel``) | memory, process lists |
 | °C | ``Cel`` | as is; outside −100…200 dropped | temperature calls |
-| count (u64) | ``{error}`` | as is; 2⁶⁴−1 dropped | ``nvmlDeviceGetTotalEccErrors`` |
+| count (u64) | ``{error}`` | as is; 2⁶⁴−1 dropped | ECC error counts |
 
 **PCIe "KB" is 1024 bytes.** NVML does not say whether KB means 1000 or 1024 bytes (nvml.md
 §1.12). We follow nvitop, NVTOP and the OpenTelemetry/DCGM-based exporters (KiB/s): NVML's other
@@ -103,7 +103,7 @@ def celsius(value: int | float) -> Result:
 
 
 def count_value(value: int) -> Result:
-    """An event count (ECC errors); the u64 not-available value is dropped."""
+    """Return an event count (ECC errors) as is; the u64 not-available value is dropped."""
     if value == U64_NA:
         return None, SENTINEL
     if value < 0:

@@ -40,7 +40,7 @@ MIG_DISABLED = "disabled"
 
 
 def lenient_text(err: QueryError) -> str | None:
-    """The text behind a ``UnicodeDecodeError`` (F26), decoded with replacements, or None.
+    """Return the text behind a ``UnicodeDecodeError`` (F26), decoded leniently, or None.
 
     Invalid UTF-8 becomes U+FFFD; control characters are removed. Returns None when the error
     is not a decoding error or nothing printable remains.
@@ -162,7 +162,7 @@ def new_device(
 
 
 def placeholder(ctx: Context, index: int, now_ns: int, reason: str) -> Device:
-    """A device whose handle could not be obtained: keyed ``index:N``, in state failed (F10)."""
+    """Build the record of an index without handle: keyed ``index:N``, state failed (F10)."""
     gpu = GPU(uuid=f"index:{index}", index=index, name=f"gpu{index}")
     dev = new_device(ctx, gpu, None, index, now_ns)
     dev.health.fail(ctx.monotonic_ns(), reason)

@@ -132,7 +132,7 @@ class Session:
         return self.initialised and not self.released
 
     def has(self, symbol: str) -> bool:
-        """True when the library exports the C ``symbol`` (as probed at the last init)."""
+        """Return True when the library exports the C ``symbol`` (probed at the last init)."""
         return symbol in self.symbols
 
     def ensure(self) -> bool:

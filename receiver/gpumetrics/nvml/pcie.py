@@ -28,7 +28,7 @@ DIRECTIONS: tuple[tuple[int, str], ...] = (
 
 
 def due(dev: Device, tick: Tick) -> bool:
-    """True when PCIe throughput should be read in this tick (``pcie_interval_s`` cadence)."""
+    """Return True when PCIe throughput is due in this tick (``pcie_interval_s`` cadence)."""
     interval = tick.ctx.settings.pcie_interval_s
     if not interval or not tick.wants(names.MetricGPUPCIeThroughput):
         return False

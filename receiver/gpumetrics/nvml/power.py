@@ -17,6 +17,7 @@ from __future__ import annotations
 import pynvml
 
 from gpumetrics.metrics import names
+from gpumetrics.metrics.buffer import Attributes
 from gpumetrics.nvml import convert
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.counters import CounterTracker
@@ -100,7 +101,13 @@ def collect_energy(dev: Device, tick: Tick) -> None:
 
 
 def _add_w(
-    dev: Device, tick: Tick, function: str, metric: str, mw: int | float, time_ns: int, attrs: tuple
+    dev: Device,
+    tick: Tick,
+    function: str,
+    metric: str,
+    mw: int | float,
+    time_ns: int,
+    attrs: Attributes,
 ) -> None:
     watts, reason = convert.mw_to_w(mw)
     if watts is None:

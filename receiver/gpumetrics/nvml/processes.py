@@ -108,7 +108,7 @@ _SYMBOLS = {kind: _symbols(kind) for kind in LISTS}
 
 
 class ListUnavailable(Exception):
-    """This tick's process lists for a device cannot be trusted (retries exhausted, mismatch)."""
+    """A device's process lists cannot be trusted this tick (retries exhausted, mismatch)."""
 
 
 def _read_list(dev: Device, tick: Tick, kind: str) -> list[Any] | None:
@@ -167,7 +167,7 @@ def _entry(raw: Any, pid_max: int, total: int | None) -> ProcessEntry | None:
         return None
     if mem is not None and total is not None and mem > total:
         return None
-    ids = []
+    ids: list[int | None] = []
     for v in (gi, ci):
         if v is None or int(v) == U32_NA:
             ids.append(None)

@@ -1,4 +1,4 @@
-"""Per-process utilisation samples → ``nvidia.gpu.process.utilization`` / ``…memory_copy.utilization``.
+"""Per-process utilisation samples → ``nvidia.gpu.process.utilization`` and memory-copy.
 
 The defect this module exists to avoid (``prior-art.md`` §4 finding 1): the reference design
 passed a pid where ``nvmlDeviceGetProcessUtilization`` expects a last-seen timestamp, then
@@ -124,6 +124,7 @@ def collect_process_utilization(
         samples: from :func:`read_process_utilization`.
         live_pids: pids in this tick's process lists (read after the utilisation call), or
             None when the lists were unavailable: samples of other pids are not emitted.
+
     """
     for pid, ts, values in samples:
         if live_pids is not None and pid not in live_pids:

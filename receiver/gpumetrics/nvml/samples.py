@@ -66,7 +66,7 @@ def decode_value(value_type: int, value: Any) -> int | float | None:
 
 
 def boot_time_ns() -> int:
-    """The host's boot time in Unix-epoch ns (wall clock minus ``CLOCK_BOOTTIME``).
+    """Return the host's boot time in Unix-epoch ns (wall clock minus ``CLOCK_BOOTTIME``).
 
     ``CLOCK_BOOTTIME`` includes suspend, so it matches a driver counting µs since boot on hosts
     that suspend; on servers it equals ``CLOCK_MONOTONIC``. (Which of the two a boot-domain
@@ -160,7 +160,7 @@ class Cursors:
         self._last: dict[Any, int] = {}
 
     def get(self, key: Any) -> int:
-        """The cursor for ``key``: the newest driver timestamp seen, or 0 before the first read."""
+        """Return the cursor for ``key``: the newest driver timestamp seen, or 0 at first."""
         return self._last.get(key, 0)
 
     def advance(self, key: Any, newest_us: int | None) -> None:
@@ -169,7 +169,7 @@ class Cursors:
             self._last[key] = newest_us
 
     def snapshot(self) -> dict[Any, int]:
-        """A copy of every cursor (for tests and debugging)."""
+        """Return a copy of every cursor (for tests and debugging)."""
         return dict(self._last)
 
 

@@ -100,5 +100,5 @@ class CollectionSettings(BaseModel):
         return self.cycle_timeout_s if self.cycle_timeout_s is not None else self.interval_s
 
     def wants(self, *metrics: str) -> bool:
-        """True when at least one of ``metrics`` is collected (not in ``disabled_metrics``)."""
+        """Return True when one of ``metrics`` is collected (not in ``disabled_metrics``)."""
         return any(m not in self.disabled_metrics for m in metrics)

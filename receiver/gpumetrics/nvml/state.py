@@ -58,7 +58,7 @@ class Backoff:
         self._next_ns: int | None = None
 
     def due(self, now_ns: int) -> bool:
-        """True when an attempt may be made at ``now_ns``."""
+        """Return True when an attempt may be made at ``now_ns``."""
         return self._next_ns is None or now_ns >= self._next_ns
 
     def failed(self, now_ns: int) -> int:
@@ -101,12 +101,12 @@ class DeviceHealth:
         self.state, self.reason = state, reason
 
     def tick_done(self, degraded: bool, reason: str = "") -> None:
-        """A tick read the device: ``degraded`` when it saw a transient failure, else ok."""
+        """Record a tick that read the device: ``degraded`` after a transient failure, else ok."""
         self._backoff.reset()
         self._move(HealthState.DEGRADED if degraded else HealthState.OK, reason)
 
     def fail(self, now_ns: int, reason: str) -> None:
-        """The device is lost (or has no handle); schedule the next probe on back-off."""
+        """Mark the device lost (or without handle); schedule the next probe on back-off."""
         self._backoff.failed(now_ns)
         self._move(HealthState.FAILED, reason)
 
@@ -116,7 +116,7 @@ class DeviceHealth:
         return self.state is HealthState.FAILED
 
     def probe_due(self, now_ns: int) -> bool:
-        """True when a failed device may be probed at ``now_ns`` (always True when not failed)."""
+        """Return True when a failed device may be probed at ``now_ns`` (always when not failed)."""
         return not self.failed or self._backoff.due(now_ns)
 
     def status_values(self) -> list[tuple[str, int]]:

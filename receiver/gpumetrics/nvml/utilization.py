@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import pynvml
 
 from gpumetrics.metrics import names
+from gpumetrics.metrics.buffer import Attributes
 from gpumetrics.nvml import convert
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.device import Device
@@ -38,7 +39,7 @@ def _add_percent(
     metric: str,
     percent: int | float,
     time_ns: int,
-    attrs: tuple,
+    attrs: Attributes,
 ) -> None:
     ratio, reason = convert.percent_to_ratio(percent)
     if ratio is None:
@@ -48,7 +49,7 @@ def _add_percent(
 
 
 def _add_samples(
-    dev: Device, tick: Tick, metric: str, samples: Sequence[Sample], attrs: tuple
+    dev: Device, tick: Tick, metric: str, samples: Sequence[Sample], attrs: Attributes
 ) -> None:
     for s in samples:
         _add_percent(dev, tick, "nvmlDeviceGetSamples", metric, s.value, s.time_unix_nano, attrs)
