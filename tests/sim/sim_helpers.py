@@ -42,6 +42,7 @@ FULL_DEVICE: dict[str, Any] = {
     "process_utilization": {},
     "mig": {"current": "disabled"},
     "conf_compute": {"protected_kib": 1, "unprotected_kib": 2},
+    "field_values": {"POWER_INSTANT": {"value": 120000, "value_type": "UNSIGNED_INT"}},
     "processes": [
         {"pid": 101, "name": "python", "used_memory_bytes": 1000, "utilization": {"sm": 40}},
         {"pid": 102, "name": "Xorg", "types": ["graphics"], "used_memory_bytes": "n/a"},

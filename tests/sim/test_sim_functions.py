@@ -518,6 +518,18 @@ CASES: list[tuple[str, str, Callable[[Handles], Any], Any, type[BaseException]]]
         pynvml.NVMLError_FunctionNotFound,
     ),
     (
+        "field_values",
+        "nvmlDeviceGetFieldValues",
+        lambda h: [
+            (v.fieldId, v.nvmlReturn, v.valueType, v.value.uiVal)
+            for v in pynvml.nvmlDeviceGetFieldValues(
+                h.gpu, [pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_FI_DEV_POWER_AVERAGE]
+            )
+        ],
+        [(186, 0, 1, 120000), (185, 3, 0, 0)],
+        pynvml.NVMLError_FunctionNotFound,
+    ),
+    (
         "shutdown",
         "nvmlShutdown",
         lambda h: pynvml.nvmlShutdown(),

@@ -8,7 +8,9 @@ import os
 import pynvml
 import pytest
 from gpumetrics.nvml.sim import memio
-from gpumetrics.nvml.sim.symbols.memory import MEMORY_V1, MEMORY_V2, MEMORY_V2_VERSION
+from gpumetrics.nvml.sim.symbols.fieldvalues import FIELD_VALUE
+from gpumetrics.nvml.sim.symbols.identity import PCI_INFO
+from gpumetrics.nvml.sim.symbols.memory import CONF_COMPUTE, MEMORY_V1, MEMORY_V2, MEMORY_V2_VERSION
 from gpumetrics.nvml.sim.symbols.processes import DETAIL_LIST, DETAIL_LIST_VERSION
 from gpumetrics.nvml.sim.symbols.procutil import UTIL_INFO, UTIL_INFO_VERSION
 from gpumetrics.nvml.sim.symbols.sensors import TEMPERATURE_V1, TEMPERATURE_V1_VERSION
@@ -30,6 +32,9 @@ from .sim_helpers import h0, one_gpu
         (UTILIZATION, pynvml.c_nvmlUtilization_t),
         (DETAIL_LIST, pynvml.c_nvmlProcessDetailList_t),
         (UTIL_INFO, pynvml.c_nvmlProcessesUtilizationInfo_v1_t),
+        (FIELD_VALUE, pynvml.c_nvmlFieldValue_t),
+        (PCI_INFO, pynvml.nvmlPciInfo_t),
+        (CONF_COMPUTE, pynvml.c_nvmlConfComputeMemSizeInfo_t),
     ],
 )
 def test_struct_layouts_agree_with_the_binding(ours, theirs):

@@ -137,6 +137,16 @@ def _problems(data: object) -> dict[str, str]:
             "devices[0].samples.gpu_utilization.value_type",
             "unknown value type",
         ),
+        (
+            one_gpu(field_values={"POWER_INSTANT": {"value": 1}, 186: {"value": 2}}),
+            "devices[0].field_values",
+            "given twice",
+        ),
+        (
+            one_gpu(field_values={"NO_SUCH_FIELD": {"value": 1}}),
+            "devices[0].field_values",
+            "unknown NVML field id",
+        ),
         ([1, 2], "", "the top level must be a mapping"),
     ],
 )

@@ -60,6 +60,7 @@ _READINGS = {
     "nvmlDeviceGetDecoderUtilization",
     "nvmlDeviceGetSamples",
     "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetFieldValues",
 }
 _PROC_V1 = {"nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"}
 _MPS_V1 = {"nvmlDeviceGetMPSComputeRunningProcesses"}

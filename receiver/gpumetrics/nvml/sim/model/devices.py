@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from gpumetrics.nvml.sim.model.values import Code, Dyn, RawBytes, Strict, ValueType, Window
 
@@ -34,6 +34,7 @@ __all__ = [
     "Pci",
     "ConfCompute",
     "Device",
+    "FieldValue",
     "U32",
     "U64",
 ]
@@ -287,8 +288,41 @@ class ConfCompute(Strict):
     unprotected_kib: int = Field(default=0, ge=0, le=U64)
 
 
+def _field_ids(value: object) -> object:
+    if not isinstance(value, dict):
+        return value
+    import pynvml
+
+    out: dict[object, object] = {}
+    for key, item in value.items():
+        if isinstance(key, str) and not key.isdigit():
+            name = key.upper()
+            name = name if name.startswith("NVML_FI_") else f"NVML_FI_DEV_{name}"
+            number = getattr(pynvml, name, None)
+            if not isinstance(number, int):
+                raise ValueError(f"unknown NVML field id {key!r} (use a number or NVML_FI_* name)")
+            key = number
+        key = int(key) if isinstance(key, str) else key
+        if key in out:
+            raise ValueError(f"field id {key} is given twice")
+        out[key] = item
+    return out
+
+
+class FieldValue(Strict):
+    """One ``nvmlDeviceGetFieldValues`` field: its value, value type and optional scope."""
+
+    value: Dyn
+    value_type: ValueType = 3
+    scope_id: int | None = Field(default=None, ge=0, le=U32)
+
+
 class Device(Strict):
-    """One physical GPU. ``index`` defaults to the position in ``devices``."""
+    """One physical GPU. ``index`` defaults to the position in ``devices``.
+
+    ``field_values`` answers ``nvmlDeviceGetFieldValues``, keyed by field id: a number or an
+    ``NVML_FI_*`` name (``POWER_INSTANT`` is short for ``NVML_FI_DEV_POWER_INSTANT``).
+    """
 
     index: int | None = Field(default=None, ge=0)
     uuid: str = Field(min_length=1)
@@ -316,6 +350,9 @@ class Device(Strict):
     process_utilization: ProcessUtilizationSpec | None = None
     mig: Mig | None = None
     conf_compute: ConfCompute | None = None
+    field_values: Annotated[dict[int, FieldValue], BeforeValidator(_field_ids)] = Field(
+        default_factory=dict
+    )
     processes: list[Process] = Field(default_factory=list)
     process_sets: list[ProcessSet] = Field(default_factory=list)
 

@@ -7,6 +7,7 @@ profile decides which of them the simulated library exports.
 from __future__ import annotations
 
 from gpumetrics.nvml.sim.symbols import (
+    fieldvalues,
     identity,
     memory,
     mig,
@@ -21,7 +22,18 @@ from gpumetrics.nvml.sim.symbols.base import Symbol
 
 __all__ = ["all_symbols", "Symbol"]
 
-_MODULES = (system, identity, memory, power, sensors, utilization, processes, procutil, mig)
+_MODULES = (
+    system,
+    identity,
+    memory,
+    power,
+    sensors,
+    utilization,
+    processes,
+    procutil,
+    mig,
+    fieldvalues,
+)
 
 
 def all_symbols() -> list[Symbol]:
