@@ -149,3 +149,24 @@ def test_scheduler_start_returns_at_once_and_stop_without_start_is_safe(nvml_run
     assert run.col.stop(1.0)  # never started, never initialised: nothing to shut down
     assert run.calls("nvmlShutdown") == 0
     assert isinstance(sim.installed(), sim.SimDriver)
+
+
+def test_F12_F22_session_lost_while_a_call_hangs_defers_the_shutdown(nvml_run, helpers):
+    scn = _f21(helpers, lambda f: f.get("hang"))  # GPU 2 hangs from cycle 7
+    run = nvml_run(
+        scn, helpers.settings(call_timeout_s=DEADLINE, init_backoff_max_s=1.0), strict=True
+    )
+    run.cycle(6)
+    assert run.cycle().timed_out == [_uuid(2)]  # cycle 7
+    run.drv.trigger("upgrade_driver")
+    report = run.cycle()  # cycle 8: the other GPUs answer UNINITIALIZED
+    assert not report.up and report.reason == "uninitialized"
+    assert run.calls("nvmlShutdown") == 0  # GPU 2's call is still in flight
+    assert not run.cycle().up  # cycle 9: still in flight, so no shutdown and no re-init
+    assert run.calls("nvmlShutdown") == 0 and run.calls("nvmlInitWithFlags") == 1
+    run.drv.release_hangs()
+    _wait_for(run.drv, lambda d: d.in_flight == 0)
+    run.cycle()  # now: one nvmlShutdown, then a re-init that the upgraded driver refuses
+    assert run.calls("nvmlShutdown") == 1
+    assert run.errors("nvmlInit", "LIB_RM_VERSION_MISMATCH") == 1
+    assert [v for v in run.drv.violations if v.kind == "shutdown_during_call"] == []

@@ -90,7 +90,7 @@ class DeviceCalls:
 
     def note(self, function: str, message: str) -> None:
         """Log a decision about ``function`` (a fallback chosen) once, at INFO."""
-        self._log_once(function, "note:" + message, logging.INFO, "%s", message)
+        self._log_once(function, "note:" + message, logging.INFO, "%s: %s", function, message)
 
     def disable(self, cap: str, kind: ErrorKind) -> None:
         """Disable ``cap`` for this device (e.g. a symbol found missing at init)."""
@@ -163,9 +163,9 @@ class DeviceCalls:
         finally:
             with self._flight_lock:
                 self._in_flight = None
-        if function in self._last:
-            del self._last[function]
-            self._log.info("GPU %s: %s answers again", self.label, function)
+        if cap in self._last:
+            del self._last[cap]
+            self._log.info("GPU %s: %s answers again", self.label, cap)
         return result
 
     def get(
@@ -197,27 +197,23 @@ class DeviceCalls:
                 ErrorKind.FUNCTION_MISSING: missing_level,
             }.get(kind, logging.WARNING)
             self._log_once(
-                err.function,
-                kind.value,
-                level,
-                "%s (%s): not called again on this GPU",
-                err.code_name,
-                cap,
+                cap, kind.value, level, "%s: %s: not called again on this GPU", cap, err.code_name
             )
             return
         level = logging.INFO if fallback else logging.WARNING
-        self._log_once(err.function, kind.value, level, "%s", err.code_name)
+        self._log_once(cap, kind.value, level, "%s: %s", cap, err.code_name)
         if kind is ErrorKind.GPU_LOST:
             raise DeviceLost(err) from err
         if kind in _TRANSIENT and not fallback:
             self.degraded = True
             self.reasons.append(err.code_name)
 
-    def _log_once(self, function: str, state: str, level: int, fmt: str, *args: Any) -> None:
-        if self._last.get(function) == state:
+    def _log_once(self, key: str, state: str, level: int, fmt: str, *args: Any) -> None:
+        """Log at ``level`` when ``key`` enters ``state``, at DEBUG while it stays there."""
+        if self._last.get(key) == state:
             level = logging.DEBUG
-        self._last[function] = state
-        self._log.log(level, "GPU %s: %s: " + fmt, self.label, function, *args)
+        self._last[key] = state
+        self._log.log(level, "GPU %s: " + fmt, self.label, *args)
 
     # --- dropped values ---------------------------------------------------------------
     def drop(self, function: str, reason: str, count: int = 1, detail: str = "") -> None:
@@ -236,7 +232,8 @@ class DeviceCalls:
             f"{function}#{reason}",
             "dropped",
             logging.WARNING,
-            "dropped %d value(s): %s %s",
+            "%s: dropped %d value(s) (%s) %s",
+            function,
             count,
             reason,
             detail,

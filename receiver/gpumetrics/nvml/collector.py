@@ -234,7 +234,7 @@ class Collector:
         if self._stopped:
             return CycleReport(False, "stopped")
         if not s.up:
-            if not s.ensure() or not self._discover():
+            if not s.ensure(safe=not self._pool.busy()) or not self._discover():
                 self._count_init_errors()
                 self._publish_devices()
                 return CycleReport(False, s.reason)
@@ -321,7 +321,7 @@ class Collector:
         return True
 
     def _library_down(self, err: QueryError) -> CycleReport:
-        self._session.lost(err)
+        self._session.lost(err, safe=not self._pool.busy())
         self._forget_devices()
         self._publish_devices()
         return CycleReport(False, self._session.reason)

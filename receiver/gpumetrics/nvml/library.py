@@ -118,6 +118,7 @@ class Session:
         self._max_mismatch = settings.max_version_mismatch_inits
         self._mismatches = 0
         self.initialised = False
+        self.broken = False
         self.released = False
         self.reason = NOT_STARTED
         self.symbols: frozenset[str] = frozenset()
@@ -128,19 +129,24 @@ class Session:
 
     @property
     def up(self) -> bool:
-        """True while an init has succeeded and nothing has taken the session down."""
-        return self.initialised and not self.released
+        """Return True while an init has succeeded and nothing has taken the session down."""
+        return self.initialised and not self.broken and not self.released
 
     def has(self, symbol: str) -> bool:
         """Return True when the library exports the C ``symbol`` (probed at the last init)."""
         return symbol in self.symbols
 
-    def ensure(self) -> bool:
+    def ensure(self, safe: bool = True) -> bool:
         """Initialise NVML if it is down, not released and its back-off has passed.
+
+        Args:
+            safe: no NVML call is in flight, so a pending ``nvmlShutdown`` (of a session lost
+                while calls were still running) may be made first.
 
         Returns True when the session is up. Failures are kept in ``init_errors`` (the caller
         counts them) and set ``reason`` to the return code's lower-case name
         (``library_not_found``, ``driver_not_loaded``, ``lib_rm_version_mismatch``...).
+
         """
         if self.up:
             return True
@@ -149,12 +155,17 @@ class Session:
         now = self._now()
         if not self._backoff.due(now):
             return False
+        if self.initialised:  # lost with calls in flight: shut down first, once they are gone
+            if not safe:
+                return False
+            self.shutdown()
         try:
             query("nvmlInit", pynvml.nvmlInit)
         except QueryError as err:
             self._init_failed(err, now)
             return False
         self.initialised = True
+        self.broken = False
         self.generation += 1
         self._backoff.reset()
         self._mismatches = 0
@@ -195,14 +206,18 @@ class Session:
             self.init_errors.append(err)
             return None
 
-    def lost(self, err: QueryError) -> None:
+    def lost(self, err: QueryError, safe: bool = True) -> None:
         """Take the session down after a lifecycle error from a call (UNINITIALIZED, ...).
 
         Calls ``nvmlShutdown`` once to balance the init (its failure is expected and ignored),
-        and schedules a re-init on back-off. ``reason`` becomes the code's lower-case name.
+        unless ``safe`` is False (a call is still in flight: the shutdown waits for the next
+        :meth:`ensure` that is safe), and schedules a re-init on back-off. ``reason`` becomes
+        the code's lower-case name.
         """
         self._log.warning("NVML session lost (%s); re-initialising on back-off", err.code_name)
-        self.shutdown()
+        self.broken = True
+        if safe:
+            self.shutdown()
         self.reason = err.code_name.lower()
         self._backoff.failed(self._now())
 

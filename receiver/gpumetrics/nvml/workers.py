@@ -199,6 +199,11 @@ class WorkerPool:
         return not self._stopping
 
     def busy(self) -> list[str]:
-        """Keys of workers still running a job (e.g. stuck in a hung call)."""
+        """Return the workers still running a job (e.g. stuck in a hung call).
+
+        Workers of forgotten devices count too, until their job returns.
+        """
         with self._done:
-            return [k for k, w in self._workers.items() if w.busy]
+            out = [k for k, w in self._workers.items() if w.busy]
+            self._stopping = [w for w in self._stopping if w.thread.is_alive()]
+            return out + [w.thread.name for w in self._stopping if w.busy]
