@@ -16,9 +16,9 @@ counted under ``gpumetrics.values.dropped{reason}``; none of them ever substitut
 | count (u64) | ``{error}`` | as is; 2⁶⁴−1 dropped | ECC error counts |
 
 **PCIe "KB" is 1024 bytes.** NVML does not say whether KB means 1000 or 1024 bytes (nvml.md
-§1.12). We follow nvitop, NVTOP and the OpenTelemetry/DCGM-based exporters (KiB/s): NVML's other
-memory-sized quantities are binary, nvidia-smi's throughput columns match KiB, and the choice
-errs on the side of the larger figure by only 2.4 %.
+§1.12) and it is unverified on hardware. We follow nvitop, NVTOP and the OLIT exporter (KiB/s;
+polarsignals uses 1000), so our figures match the tools people compare us with; field case F25
+expects 1024. See ``docs/collection.md``.
 """
 
 from __future__ import annotations
