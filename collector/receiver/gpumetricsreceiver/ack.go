@@ -168,10 +168,15 @@ var _ consumer.Metrics = (*ackingConsumer)(nil)
 // Capabilities are next's.
 func (a *ackingConsumer) Capabilities() consumer.Capabilities { return a.next.Capabilities() }
 
-// ConsumeMetrics hands md to next, then acknowledges (or not) what the scrape pulled.
+// ConsumeMetrics hands md to next, then acknowledges (or not) what the scrape pulled. An empty
+// md (nothing new, or a failed scrape) is not forwarded: the controller calls the consumer after
+// every scrape, and an exporter would write an empty record for it (the file exporter: "{}").
 func (a *ackingConsumer) ConsumeMetrics(ctx context.Context, md pmetric.Metrics) error {
 	d := a.scraper.cursor.takePending()
-	err := a.next.ConsumeMetrics(ctx, md)
+	var err error
+	if md.ResourceMetrics().Len() > 0 {
+		err = a.next.ConsumeMetrics(ctx, md)
+	}
 	if d == nil {
 		return err
 	}

@@ -25,7 +25,7 @@ const (
 
 	maxMaxPullsPerScrape = 1000
 	maxConsumerLen       = 128
-	unixScheme           = "unix://"
+	unixScheme           = "unix:"
 )
 
 // consumerPattern is the sidecar's rule for PullRequest.consumer (proto/gpumetrics/v1/pull.proto).
@@ -50,8 +50,8 @@ type Config struct {
 	// StartTimeout bounds the wait for the sidecar's go-plugin handshake in subprocess mode.
 	StartTimeout time.Duration `mapstructure:"start_timeout"`
 
-	// Endpoint is the address of a running sidecar for remote mode: "host:port" or
-	// "unix:///absolute/path".
+	// Endpoint is the address of a running sidecar for remote mode: "host:port",
+	// "unix:///absolute/path" or "unix:/absolute/path".
 	Endpoint string `mapstructure:"endpoint"`
 	// TLS holds the client TLS settings for remote mode. TLS is used unless `insecure: true`,
 	// as in the Collector's OTLP exporter.
@@ -151,9 +151,14 @@ func (cfg *Config) validateRemote() []error {
 	return errs
 }
 
-// validateEndpoint accepts "host:port" (port 1-65535) or "unix:///absolute/path".
+// validateEndpoint accepts "host:port" (port 1-65535), "unix:///absolute/path" or
+// "unix:/absolute/path" (the sidecar's --listen spelling); gRPC reads both unix forms.
 func validateEndpoint(endpoint string) error {
-	if path, ok := strings.CutPrefix(endpoint, unixScheme); ok {
+	if rest, ok := strings.CutPrefix(endpoint, unixScheme); ok {
+		path := rest
+		if p, ok := strings.CutPrefix(rest, "//"); ok {
+			path = p // unix:///abs -> /abs
+		}
 		if !filepath.IsAbs(path) {
 			return fmt.Errorf("'endpoint' %q: a unix socket needs an absolute path, as in unix:///run/gpumetrics/pull.sock", endpoint)
 		}

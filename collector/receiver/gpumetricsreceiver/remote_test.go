@@ -41,6 +41,9 @@ func TestRemotePullUntilNotMore(t *testing.T) {
 	}{
 		{name: "tcp", serve: func(t *testing.T, f *fakesidecar.Server) string { return serveTCP(t, f) }},
 		{name: "unix", serve: serveUnix},
+		{name: "unix single slash", serve: func(t *testing.T, f *fakesidecar.Server) string {
+			return "unix:" + strings.TrimPrefix(serveUnix(t, f), "unix://")
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -76,6 +79,17 @@ func TestRemotePullUntilNotMore(t *testing.T) {
 			assert.Len(t, next.batchLabels(), 5, "nothing was delivered twice")
 		})
 	}
+}
+
+func TestRemoteEmptyScrapeIsNotForwarded(t *testing.T) {
+	fake := fakesidecar.New(fakesidecar.Options{})
+	s := newScraper(t, newTestEnv(t), remoteConfig(serveTCP(t, fake)))
+	next := newScriptedConsumer()
+	scrapeErr, consumeErr := cycle(s, next)
+	require.NoError(t, scrapeErr)
+	require.NoError(t, consumeErr)
+	assert.Len(t, fake.Requests(), 1)
+	assert.Empty(t, next.calls, "nothing new: the pipeline is not called")
 }
 
 func TestRemotePullsPerScrapeAreBounded(t *testing.T) {
@@ -118,14 +132,16 @@ func TestRemoteAckOnlyAfterPipelineAccepted(t *testing.T) {
 	assert.Empty(t, next.batchLabels())
 	ticks <- time.Now()
 	next.waitCall(t) // second scrape: re-delivered and accepted
+	fake.Append(fakesidecar.Gauge("b3", 1))
 	ticks <- time.Now()
-	next.waitCall(t) // third scrape: carries the acknowledgement
+	next.waitCall(t) // third scrape: acknowledges b1, b2 and gets b3
 	require.NoError(t, rcv.Shutdown(context.Background()))
 
-	assert.Equal(t, []string{"b1", "b2"}, next.batchLabels(), "accepted exactly once")
+	assert.Equal(t, []string{"b1", "b2", "b3"}, next.batchLabels(), "accepted exactly once")
 	reqs := fake.Requests()
-	require.Len(t, reqs, 3, "no final ack_only: the third pull already acknowledged")
-	assert.Equal(t, []uint64{0, 0, 2}, acks(reqs))
+	require.Len(t, reqs, 4)
+	assert.Equal(t, []uint64{0, 0, 2, 3}, acks(reqs))
+	assert.True(t, reqs[3].GetAckOnly(), "b3's acknowledgement is sent at shutdown")
 	outcome := reqs[1].GetPreviousOutcome()
 	require.NotNil(t, outcome)
 	assert.Equal(t, uint64(2), outcome.GetLastSequence())

@@ -159,8 +159,10 @@ func (s *pullScraper) sendFinalAck(ctx context.Context, conn sidecar.Conn) {
 	ctx, err := s.withToken(ctx)
 	if err == nil {
 		req := s.cursor.request(s.consumer, 0, 0, true)
-		if _, err = conn.Pull(ctx, req); err == nil {
+		var resp *gpumetricsv1.PullResponse
+		if resp, err = conn.Pull(ctx, req); err == nil {
 			s.cursor.delivered(req)
+			s.reportDrops(ctx, resp)
 			return
 		}
 	}
