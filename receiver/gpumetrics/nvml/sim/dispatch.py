@@ -191,7 +191,8 @@ def make_callback(drv: SimDriver, sym: Symbol) -> Any:
         trace = _Trace()
         with drv.activity:
             drv.in_flight += 1
-            drv.activity.notify_all()
+            if drv.watchers:
+                drv.activity.notify_all()
         try:
             return _run(drv, sym, args, trace)
         except Exception as exc:  # noqa: BLE001 - a simulator bug must not become SUCCESS
@@ -200,7 +201,8 @@ def make_callback(drv: SimDriver, sym: Symbol) -> Any:
         finally:
             with drv.activity:
                 drv.in_flight -= 1
-                drv.activity.notify_all()
+                if drv.watchers:
+                    drv.activity.notify_all()
                 drv.driver_ns += time.perf_counter_ns() - started - trace.waited_ns
                 drv.wait_ns += trace.waited_ns
 

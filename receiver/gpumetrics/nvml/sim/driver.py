@@ -104,6 +104,7 @@ class SimDriver:
         self.revoked = False
         self.in_flight = 0
         self.held = 0
+        self.watchers = 0  # threads in wait_until_*: only then do calls notify
         self.activity = threading.Condition(self.lock)
         self.closed = False
         self.counts: Counter[tuple[str, int | None]] = Counter()
@@ -111,6 +112,7 @@ class SimDriver:
         self.reset_log: list[tuple[str, int]] = []
         self.hang_event = threading.Event()
         self.error_strings: dict[int, ctypes.Array[ctypes.c_char]] = {}
+        self.sample_cache: dict[tuple[int, int, int, int], Any] = {}
         self.driver_ns = 0
         self.wait_ns = 0
         self.uninstaller: Callable[[SimDriver], None] | None = None
@@ -292,12 +294,20 @@ class SimDriver:
         lets a test act while a collector thread is stuck, without sleeping.
         """
         with self.activity:
-            return self.activity.wait_for(lambda: self.held >= count, timeout=timeout_s)
+            self.watchers += 1
+            try:
+                return self.activity.wait_for(lambda: self.held >= count, timeout=timeout_s)
+            finally:
+                self.watchers -= 1
 
     def wait_until_in_flight(self, count: int = 1, timeout_s: float = 10.0) -> bool:
         """Block until ``count`` calls are inside the driver at once (or ``timeout_s``)."""
         with self.activity:
-            return self.activity.wait_for(lambda: self.in_flight >= count, timeout=timeout_s)
+            self.watchers += 1
+            try:
+                return self.activity.wait_for(lambda: self.in_flight >= count, timeout=timeout_s)
+            finally:
+                self.watchers -= 1
 
     def close(self) -> None:
         """Stop answering (every later call: UNINITIALIZED) and release all hangs."""

@@ -129,14 +129,20 @@ def process_samples(
     origin = drv.sample_origin_us
     period = spec.period_us
     bucket = (now_us - origin) // period
+    key = (id(target), drv.world.version, now_us, last_seen)
+    cached = drv.sample_cache.get(key)
+    if cached is not None:  # the data call right after its sizing call
+        return codes.SUCCESS, spec, cached
     horizon = bucket * period - round(spec.buffer_s * 1e6)
     timeline = drv.timeline
     out = []
+    hidden = False
     for p in target.processes:
         util = p.utilization
         if util is None or p.start_us > now_us:
             continue
         if p.trigger is not None and drv.seen(p.trigger[0], target.index) < p.trigger[1]:
+            hidden = True
             continue
         last = (min(now_us, p.end_us - 1) - origin) - p.phase_us
         ts = (last // period) * period + p.phase_us
@@ -150,4 +156,7 @@ def process_samples(
         ]
         if any(values):
             out.append(ProcSample(p.pid, ts, *values))
+    if not hidden:
+        drv.sample_cache.clear()  # keep only the latest answer
+        drv.sample_cache[key] = out
     return codes.SUCCESS, spec, out
