@@ -65,7 +65,7 @@ def test_F21_slow_call_is_abandoned_at_the_call_deadline_and_others_continue(nvm
     assert len(run.output().find(names.MetricTemperature)) == 3
     # the call ends (the test moves simulated time past it): GPU 3 is read again
     run.drv.advance(8.0)
-    _wait_for(run.drv, lambda d: d.in_flight == 0)
+    assert run.col.wait_idle(5.0)
     report = run.collect()
     assert report.timed_out == [] and report.states[_uuid(3)] == "ok"
     assert len(run.output().find(names.MetricTemperature, hw__id=_uuid(3))) == 1
@@ -121,7 +121,7 @@ def test_F22_shutdown_waits_for_in_flight_calls_then_shuts_down_once(nvml_run, h
     assert not run.col.stop(DEADLINE)  # joined with a timeout: still in flight, so no shutdown
     assert run.calls("nvmlShutdown") == 0
     run.drv.release_hangs()
-    _wait_for(run.drv, lambda d: d.in_flight == 0)
+    assert run.col.wait_idle(5.0)
     assert run.col.stop(5.0)
     assert run.calls("nvmlShutdown") == 1
     assert run.drv.init_count == 0
@@ -165,7 +165,7 @@ def test_F12_F22_session_lost_while_a_call_hangs_defers_the_shutdown(nvml_run, h
     assert not run.cycle().up  # cycle 9: still in flight, so no shutdown and no re-init
     assert run.calls("nvmlShutdown") == 0 and run.calls("nvmlInitWithFlags") == 1
     run.drv.release_hangs()
-    _wait_for(run.drv, lambda d: d.in_flight == 0)
+    assert run.col.wait_idle(5.0)
     run.cycle()  # now: one nvmlShutdown, then a re-init that the upgraded driver refuses
     assert run.calls("nvmlShutdown") == 1
     assert run.errors("nvmlInit", "LIB_RM_VERSION_MISMATCH") == 1

@@ -131,6 +131,13 @@ class Collector:
         with self._lock:
             return list(self._devices)
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until no device worker is inside a job (e.g. a hung call returned); True if so.
+
+        For tests and diagnostics; the scheduler never waits on it.
+        """
+        return self._pool.wait_idle(timeout_s)
+
     def start(self) -> None:
         """Start the scheduler thread and return at once (init is retried in the background)."""
         with self._lock:

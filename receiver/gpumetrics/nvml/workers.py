@@ -204,6 +204,14 @@ class WorkerPool:
         Workers of forgotten devices count too, until their job returns.
         """
         with self._done:
-            out = [k for k, w in self._workers.items() if w.busy]
-            self._stopping = [w for w in self._stopping if w.thread.is_alive()]
-            return out + [w.thread.name for w in self._stopping if w.busy]
+            return self._busy()
+
+    def _busy(self) -> list[str]:
+        out = [k for k, w in self._workers.items() if w.busy]
+        self._stopping = [w for w in self._stopping if w.thread.is_alive()]
+        return out + [w.thread.name for w in self._stopping if w.busy]
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until no worker runs a job, or ``timeout_s`` passes; True when idle."""
+        with self._done:
+            return self._done.wait_for(lambda: not self._busy(), timeout=timeout_s)
