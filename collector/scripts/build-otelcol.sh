@@ -47,6 +47,8 @@ if [ ! -x "$builder" ]; then
 fi
 
 echo "build-otelcol.sh: building otelcol-gpumetrics (cache key $key)" >&2
+# _build sits inside the repository's work tree: no VCS stamping (it needs a usable git there).
+export GOFLAGS="${GOFLAGS:+$GOFLAGS }-buildvcs=false"
 start=$(date +%s)
 rm -rf _build
 "$builder" --config=builder-config.yaml >&2

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/component/componenttest"
-	"go.opentelemetry.io/collector/config/configopaque"
 	"go.opentelemetry.io/collector/consumer/consumererror"
 	"go.opentelemetry.io/collector/scraper/scrapererror"
 	"go.opentelemetry.io/collector/scraper/scraperhelper"
@@ -195,84 +193,6 @@ func TestRemoteEpochChangeResetsCursor(t *testing.T) {
 	require.Equal(t, 1, restarts.Len())
 	assert.Equal(t, "epoch-1", restarts.All()[0].ContextMap()["old_epoch"])
 	assert.Equal(t, int64(1), env.counter(t, "otelcol_gpumetrics_sidecar_restarts"))
-}
-
-func TestRemoteBearerToken(t *testing.T) {
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	require.NoError(t, os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600))
-	wrongFile := filepath.Join(t.TempDir(), "wrong")
-	require.NoError(t, os.WriteFile(wrongFile, []byte("nope"), 0o600))
-	tests := []struct {
-		name      string
-		token     string
-		tokenFile string
-		wantCode  codes.Code
-	}{
-		{name: "token", token: "s3cret", wantCode: codes.OK},
-		{name: "token_file", tokenFile: tokenFile, wantCode: codes.OK},
-		{name: "wrong token_file", tokenFile: wrongFile, wantCode: codes.Unauthenticated},
-		{name: "wrong token", token: "s3cret2", wantCode: codes.Unauthenticated},
-		{name: "no token", wantCode: codes.Unauthenticated},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			fake := fakesidecar.New(fakesidecar.Options{Token: "s3cret"})
-			appendBatches(fake, 1, 1)
-			cfg := remoteConfig(serveTCP(t, fake))
-			cfg.Token = configopaque.String(tt.token)
-			cfg.TokenFile = tt.tokenFile
-			s := newScraper(t, newTestEnv(t), cfg)
-			next := newScriptedConsumer()
-
-			scrapeErr, _ := cycle(s, next)
-			assert.Equal(t, tt.wantCode, status.Code(errors.Unwrap(scrapeErr)), "scrape error: %v", scrapeErr)
-			if tt.wantCode == codes.OK {
-				assert.Equal(t, []string{"b1"}, next.batchLabels())
-			} else {
-				assert.Empty(t, next.batchLabels())
-			}
-		})
-	}
-}
-
-func TestRemoteTLS(t *testing.T) {
-	pki := newTestPKI(t)
-	tests := []struct {
-		name     string
-		tls      func(cfg *Config)
-		wantCode codes.Code
-		wantErr  string
-	}{
-		{name: "test CA", tls: func(cfg *Config) { cfg.TLS.Insecure = false; cfg.TLS.CAFile = pki.caFile }},
-		{
-			name: "system roots", tls: func(cfg *Config) { cfg.TLS.Insecure = false },
-			wantCode: codes.DeadlineExceeded, wantErr: "certificate signed by unknown authority",
-		},
-		{
-			name: "plaintext", tls: func(cfg *Config) { cfg.TLS.Insecure = true },
-			wantCode: codes.DeadlineExceeded, wantErr: "pull from the gpumetrics sidecar",
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			fake := fakesidecar.New(fakesidecar.Options{})
-			appendBatches(fake, 1, 1)
-			cfg := remoteConfig(serveTCP(t, fake, pki.serverOption()))
-			tt.tls(cfg)
-			s := newScraper(t, newTestEnv(t), cfg)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			md, err := s.scrape(ctx)
-			if tt.wantErr != "" {
-				require.ErrorContains(t, err, tt.wantErr)
-				assert.Equal(t, tt.wantCode, status.Code(errors.Unwrap(err)))
-				assert.Empty(t, fake.Requests(), "no request reached the sidecar")
-				return
-			}
-			require.NoError(t, err)
-			assert.Equal(t, 1, md.DataPointCount())
-		})
-	}
 }
 
 func TestRemoteReportsDrops(t *testing.T) {

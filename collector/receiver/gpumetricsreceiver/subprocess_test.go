@@ -25,7 +25,7 @@ var pluginPath = sync.OnceValues(func() (string, error) {
 		return "", err
 	}
 	out := filepath.Join(dir, "testplugin")
-	cmd := exec.Command("go", "build", "-o", out, "./testdata/testplugin")
+	cmd := exec.Command("go", "build", "-buildvcs=false", "-o", out, "./testdata/testplugin")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building the test plugin: %w\n%s", err, b)
 	}
