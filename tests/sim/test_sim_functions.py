@@ -13,6 +13,7 @@ from typing import Any
 
 import pynvml
 import pytest
+from gpumetrics.nvml import sim
 from gpumetrics.nvml.sim import codes
 
 from .sim_helpers import MIG_UUID, UUID0, UUID1, full_scenario, handle_value
@@ -634,3 +635,49 @@ def test_every_code_maps_to_its_pynvml_class(simulate):
         assert isinstance(raised.value, pynvml.NVMLError._valClassMapping[codes.CODES[name]])
     drv.next_cycle()
     assert pynvml.nvmlDeviceGetPowerUsage(h) == 123456
+
+
+def test_init_with_flags_and_missing_init_symbol(simulate):
+    drv = simulate(full_scenario(), init=False)
+    pynvml.nvmlInitWithFlags(pynvml.NVML_INIT_FLAG_NO_ATTACH)
+    pynvml.nvmlInit()
+    assert drv.init_count == 2
+    assert drv.call_count("nvmlInitWithFlags") == 2
+    sim.uninstall()
+    simulate(full_scenario(driver={"missing_symbols": ["nvmlInitWithFlags"]}), init=False)
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        pynvml.nvmlInit()
+
+
+@pytest.mark.parametrize("name", ["NO_PERMISSION", "DRIVER_NOT_LOADED", "UNKNOWN"])
+def test_init_injected_code(simulate, name):
+    drv = simulate(
+        full_scenario(faults=[{"function": "nvmlInitWithFlags", "code": name}]), init=False
+    )
+    with pytest.raises(pynvml.NVMLError) as raised:
+        pynvml.nvmlInit()
+    assert type(raised.value) is pynvml.NVMLError._valClassMapping[codes.CODES[name]]
+    assert drv.init_count == 0
+
+
+@pytest.mark.parametrize(
+    ("symbol", "pid"),
+    [
+        ("nvmlDeviceGetGraphicsRunningProcesses", 102),
+        ("nvmlDeviceGetMPSComputeRunningProcesses", 103),
+    ],
+)
+def test_raw_unversioned_graphics_and_mps_symbols(simulate, symbol, pid):
+    import ctypes
+
+    class V1(ctypes.Structure):
+        _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+    simulate(full_scenario())
+    fn = pynvml._nvmlGetFunctionPointer(symbol)
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    count = ctypes.c_uint(0)
+    assert fn(h, ctypes.byref(count), None) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+    buf = (V1 * count.value)()
+    assert fn(h, ctypes.byref(count), buf) == pynvml.NVML_SUCCESS
+    assert [buf[i].pid for i in range(count.value)] == [pid]
