@@ -123,3 +123,21 @@ def test_golden_output(nvml_run, helpers, update_golden, profile):
     assert text == path.read_text(), (
         f"{profile}: output differs from {path.name} (see --update-golden)"
     )
+
+
+def test_hw_errors_carries_error_type_only_once_an_error_occurred(nvml_run, helpers):
+    data = helpers.variant("F25_pcie_directions").model_dump(mode="json", exclude_unset=True)
+    data["devices"][0]["ecc"] = {
+        "volatile_corrected": {"pattern": "trace", "per": "cycle", "values": [0, 0, 3, 3]}
+    }
+    run = nvml_run(data, helpers.settings(errors_interval_s=1.0))
+    run.cycle(4)
+    errors = run.output().find(names.MetricErrors)
+    assert [(p.value, p.attrs.get("error.type")) for p in errors] == [
+        (0, None),
+        (0, None),
+        (3, "corrected"),
+        (3, "corrected"),
+    ]
+    assert all(p.attrs["hw.type"] == "gpu" for p in errors)
+    assert errors[2].start == errors[3].start

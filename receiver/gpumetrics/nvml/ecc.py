@@ -4,6 +4,11 @@
 NVML_VOLATILE_ECC)``: counts since the driver was loaded, exported as cumulative monotonic Sums
 with reset detection (:mod:`gpumetrics.nvml.counters`). Read every ``errors_interval_s``
 (default 10 s). NOT_SUPPORTED (no ECC, or ECC disabled) disables it for the device.
+
+``error.type`` is conditionally required "if and only if an error has occurred" (semantic
+conventions ``metric.hw.gpu.errors``; ``semconv-and-otlp.md`` §1 pitfall): a type is emitted
+with its attribute once its count is above 0; while no error of any type has occurred, one
+series *without* ``error.type`` carries the 0.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from gpumetrics.nvml.counters import CounterTracker
 from gpumetrics.nvml.device import Device
 
 FUNCTION = "nvmlDeviceGetTotalEccErrors"
+NO_ERROR = ""
+"""Tracker key of the series without ``error.type`` (no error of any type yet)."""
 ERROR_TYPES: tuple[tuple[int, str], ...] = (
     (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
     (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected"),
@@ -33,6 +40,7 @@ def collect_ecc(dev: Device, tick: Tick) -> None:
         return
     dev.state["ecc_ns"] = tick.mono_ns
     trackers: dict[str, CounterTracker] = dev.state.setdefault("ecc", {})
+    counts: dict[str, int] = {}
     for err_type, label in ERROR_TYPES:
         count = dev.calls.get(
             FUNCTION,
@@ -48,11 +56,17 @@ def collect_ecc(dev: Device, tick: Tick) -> None:
         if value is None:
             dev.calls.drop(FUNCTION, reason or convert.SENTINEL, detail=label)
             continue
+        counts[label] = int(value)
+    gpu = dev.attrs + ((names.AttrHwType, names.HwTypeGPU),)
+    series = [(label, n) for label, n in counts.items() if n > 0]
+    if counts and not series:
+        series = [(NO_ERROR, 0)]
+    for label, n in series:
         tracker = trackers.get(label)
         if tracker is None:
             tracker = trackers[label] = CounterTracker(
                 f"GPU {dev.uuid} {label} ECC errors", tick.ctx.log
             )
-        start = tracker.observe(int(value), tick.now_ns)
-        attrs = dev.attrs + ((names.AttrHwType, names.HwTypeGPU), (names.AttrErrorType, label))
-        tick.points.add(names.MetricErrors, int(value), tick.now_ns, attrs, start)
+        start = tracker.observe(n, tick.now_ns)
+        attrs = gpu if label == NO_ERROR else gpu + ((names.AttrErrorType, label),)
+        tick.points.add(names.MetricErrors, n, tick.now_ns, attrs, start)
