@@ -238,8 +238,3 @@ class DeviceCalls:
             reason,
             detail,
         )
-
-    def mark_degraded(self, reason: str) -> None:
-        """Mark this tick degraded for a reason that is not an NVML return code."""
-        self.degraded = True
-        self.reasons.append(reason)

@@ -105,7 +105,6 @@ class Tick:
         now_ns: the tick's wall-clock time (Unix-epoch ns), the time of snapshot readings.
         mono_ns: the tick's monotonic time (cadences).
         points: this device's points.
-        extra: free-form facts a reader leaves for another in the same tick.
 
     """
 
@@ -113,7 +112,6 @@ class Tick:
     now_ns: int
     mono_ns: int
     points: Points = field(default_factory=Points)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def wants(self, *metrics: str) -> bool:
         """Return True when at least one of ``metrics`` is collected."""

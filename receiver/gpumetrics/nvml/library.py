@@ -125,7 +125,6 @@ class Session:
         self.driver_version: str | None = None
         self.init_errors: list[QueryError] = []
         self.exit_code: int | None = None
-        self.generation = 0
 
     @property
     def up(self) -> bool:
@@ -166,7 +165,6 @@ class Session:
             return False
         self.initialised = True
         self.broken = False
-        self.generation += 1
         self._backoff.reset()
         self._mismatches = 0
         self.reason = "ok"
