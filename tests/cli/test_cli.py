@@ -182,3 +182,24 @@ def test_pull_with_a_wrong_token_is_unauthenticated(make_sidecar, tmp_path, caps
     sidecar.parts.batcher.run_once()
     code, out, _ = run(capsys, "pull", address, "--token-file", str(token))
     assert code == 0 and "resourceMetrics" in out
+
+
+def test_pull_wait_retries_until_the_first_batch_is_stored(make_sidecar, capsys):
+    import threading
+
+    sidecar, collector, ticker = make_sidecar()
+    sidecar.start()
+    address = sidecar.parts.server.addresses.listen[0]
+    code, _, err = run(capsys, "pull", address)  # no --wait: one attempt, UNAVAILABLE
+    assert code == 1 and "UNAVAILABLE" in err
+    result = {}
+    puller = threading.Thread(
+        target=lambda: result.setdefault("code", main(["pull", address, "--wait", "30", "--format", "text"]))
+    )
+    puller.start()
+    collector.record()
+    collector.ready.set()
+    ticker.tick()  # the batcher stores the first batch; health turns SERVING
+    puller.join(30)
+    assert not puller.is_alive() and result["code"] == 0
+    assert "hw.power" in capsys.readouterr().out

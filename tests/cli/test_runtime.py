@@ -151,3 +151,21 @@ def test_kubernetes_node_goes_to_k8s_node_name(make_sidecar):
     attrs = {kv.key: kv.value.string_value for kv in req.resource_metrics[0].resource.attributes}
     assert attrs == {"k8s.node.name": "node-7"}
     assert GPU0.uuid  # the stub's device
+
+
+def test_a_simulated_node_checks_pids_against_linux_largest_pid_max_unless_configured():
+    seen = {}
+
+    def factory(producer, settings, telemetry):
+        seen["pid_max"] = settings.pid_max
+        return StubCollector(producer, settings, telemetry)
+
+    installed = []
+    Sidecar(config(runtime={"simulate": "h100-8x-training"}), collector_factory=factory,
+            simulate=installed.append)
+    assert installed == ["h100-8x-training"] and seen["pid_max"] == 4_194_304
+    Sidecar(config(runtime={"simulate": "h100-8x-training"}, collection={"pid_max": 32768}),
+            collector_factory=factory, simulate=installed.append)
+    assert seen["pid_max"] == 32768
+    Sidecar(config(), collector_factory=factory, simulate=installed.append)
+    assert seen["pid_max"] is None  # a real node reads /proc/sys/kernel/pid_max

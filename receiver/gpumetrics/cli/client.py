@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -146,6 +147,30 @@ def render_text(response: pull_pb2.PullResponse, request: Any) -> str:
     return "\n".join(lines)
 
 
+_RETRY_PAUSE_S = 0.25
+
+
+def _pull_waiting(
+    stub: Any, request: pull_pb2.PullRequest, args: argparse.Namespace, metadata: Any
+) -> pull_pb2.PullResponse:
+    """Pull once; with ``--wait``, retry UNAVAILABLE (not up yet, or nothing collected yet)
+    every 0.25 s until ``--wait`` seconds have passed.
+
+    Raises:
+        CommandError: the RPC failed (for UNAVAILABLE: after the wait ran out).
+
+    """
+    deadline = time.monotonic() + max(0.0, getattr(args, "wait", 0.0))
+    while True:
+        try:
+            return stub.Pull(request, timeout=args.timeout, metadata=metadata)  # type: ignore[no-any-return]
+        except grpc.RpcError as err:
+            retry = err.code() == grpc.StatusCode.UNAVAILABLE
+            if not retry or time.monotonic() + _RETRY_PAUSE_S > deadline:
+                raise _rpc_error("pull", args.address, err) from None
+        time.sleep(_RETRY_PAUSE_S)
+
+
 def cmd_pull(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """One pull from ``args.address``; print it; acknowledge it unless ``--no-ack``."""
     out = out if out is not None else sys.stdout
@@ -155,10 +180,7 @@ def cmd_pull(args: argparse.Namespace, out: TextIO | None = None) -> int:
         request = pull_pb2.PullRequest(
             consumer=args.consumer, max_data_points=args.max_points, max_bytes=args.max_bytes
         )
-        try:
-            response = stub.Pull(request, timeout=args.timeout, metadata=metadata)
-        except grpc.RpcError as err:
-            raise _rpc_error("pull", args.address, err) from None
+        response = _pull_waiting(stub, request, args, metadata)
         otlp = metrics_service_pb2.ExportMetricsServiceRequest.FromString(
             response.export_metrics_service_request
         )

@@ -138,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument(
         "--max-bytes", type=int, default=0, metavar="N", help="cap on bytes (0 = server default)"
     )
+    pull.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep retrying for up to SECONDS while the sidecar is starting or has not produced "
+        "its first batch (UNAVAILABLE); default 0 = one attempt",
+    )
 
     declare = sub.add_parser(
         "declare",

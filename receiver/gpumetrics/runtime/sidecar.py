@@ -29,6 +29,7 @@ from gpumetrics.identity import (
     new_process_resourcer,
 )
 from gpumetrics.metrics import Producer
+from gpumetrics.nvml.context import DEFAULT_PID_MAX
 from gpumetrics.runtime.batcher import Batcher
 from gpumetrics.selftelemetry import Telemetry
 from gpumetrics.service import ServerSettings, SidecarHealth, SidecarServer
@@ -106,6 +107,20 @@ class SidecarParts:
     push: PushExporter | None
 
 
+def _simulated_node_config(config: SidecarConfig) -> SidecarConfig:
+    """The configuration for a simulated node.
+
+    The simulated node's pids are not this machine's, so unless ``collection.pid_max`` is set
+    they are checked against Linux's largest ``pid_max`` (2^22) rather than this machine's
+    ``/proc/sys/kernel/pid_max``, which would discard a profile's process lists as implausible
+    (a container's default is 32768).
+    """
+    if config.collection.pid_max is not None:
+        return config
+    collection = config.collection.model_copy(update={"pid_max": DEFAULT_PID_MAX})
+    return config.model_copy(update={"collection": collection})
+
+
 def _host_attributes(config: SidecarConfig, node: str, in_k8s: bool) -> dict[str, Any]:
     ident = config.identity
     attrs: dict[str, Any] = {}
@@ -151,6 +166,7 @@ class Sidecar:
         env = dict(os.environ if environ is None else environ)
         if config.runtime.simulate is not None:
             simulate(config.runtime.simulate)  # before anything can load the real library
+            config = self.config = _simulated_node_config(config)
         self.parts = self._build(
             config, server_settings or config.server, collector_factory, batch_wait, env
         )
@@ -169,7 +185,7 @@ class Sidecar:
         procfs = ProcfsReader(ident.proc_root, host_pid_namespace=ident.host_pid_namespace)
         declared = DeclaredStore(
             **ident.declared.model_dump(),
-            pid_max=config.collection.pid_max or 4_194_304,
+            pid_max=config.collection.pid_max or DEFAULT_PID_MAX,
             start_time_reader=procfs.start_time_ticks,
         )
         node = ident.node_name or os.uname().nodename
