@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Quick start (README, first command): install gpumetrics into .venv, run the sidecar on a
+# simulated 8-GPU node (the h100-8x-training profile: 8x H100 with a running training job), and
+# print one pull from its gRPC endpoint. No GPU needed.
+#   FORMAT=json ./scripts/quickstart.sh   prints OTLP/JSON instead of the text summary
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q .
+dir=$(mktemp -d)
+sock="$dir/gpumetrics.sock"
+"$VENV/bin/gpumetrics" serve --simulate h100-8x-training --listen "unix:$sock" \
+  --batch-interval 2 2>"$dir/sidecar.log" &
+pid=$!
+trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
+echo "sidecar pid $pid on unix:$sock (log: $dir/sidecar.log)" >&2
+"$VENV/bin/gpumetrics" pull "unix:$sock" --wait 60 --format "${FORMAT:-text}"
