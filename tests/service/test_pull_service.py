@@ -103,7 +103,7 @@ def test_full_store_reports_exact_drop_counts(sidecar):
     assert s.appended_points == s.held_points + sum(s.dropped_points.values()) + s.released_points
 
 
-def test_more_drains_a_backlog_in_several_pulls(sidecar):
+def test_acknowledging_each_answer_also_drains_a_backlog(sidecar):
     sc = sidecar(append=10)
     stub = sc.pull_stub()
     seen, ack, epoch, pulls = [], 0, sc.store.epoch, 0
@@ -116,6 +116,60 @@ def test_more_drains_a_backlog_in_several_pulls(sidecar):
             break
     assert seen == [f"b{i}" for i in range(10)]
     assert pulls == 4
+
+
+def test_read_after_sequence_drains_a_backlog_before_one_ack_releases_it(sidecar):
+    sc = sidecar(append=10)
+    stub = sc.pull_stub()
+    seen, answers, position, epoch = [], [], 0, ""
+    for _ in range(20):  # the scrape loop of docs/protocol.md
+        r = pull(
+            stub, consumer="c", ack_epoch=epoch, read_after_sequence=position, max_data_points=4
+        )
+        answers.append((r.first_sequence, r.last_sequence, r.more))
+        seen += tags(r)
+        position, epoch = r.last_sequence, r.epoch
+        if not r.more:
+            break
+    # the first Pull knew no epoch yet: it read from the (new) consumer's cursor
+    assert answers == [(1, 4, True), (5, 8, True), (9, 10, False)]
+    assert seen == [f"b{i}" for i in range(10)]
+    assert sc.store.stats().held_batches == 10  # read, not acknowledged: nothing released
+    done = pull(stub, consumer="c", ack_sequence=position, ack_epoch=epoch, ack_only=True)
+    assert (done.last_sequence, done.more) == (0, False)
+    assert sc.store.stats().held_batches == 0
+
+
+def test_a_refused_delivery_is_read_again_from_the_ack_cursor(sidecar):
+    sc = sidecar(append=3)
+    stub = sc.pull_stub()
+    epoch = sc.store.epoch
+    first = pull(stub, consumer="c", ack_epoch=epoch, max_data_points=2)
+    second = pull(stub, consumer="c", ack_epoch=epoch, read_after_sequence=first.last_sequence)
+    assert tags(first) + tags(second) == ["b0", "b1", "b2"]
+    # the pipeline refused them: the next scrape reports it and reads from the ack cursor (0)
+    outcome = pull_pb2.PreviousOutcome(
+        last_sequence=second.last_sequence, rejected_data_points=3, error_message="queue full"
+    )
+    again = pull(
+        stub, consumer="c", ack_epoch=epoch, read_after_sequence=0, previous_outcome=outcome
+    )
+    assert (again.first_sequence, again.last_sequence, again.more) == (1, 3, False)
+    assert tags(again) == ["b0", "b1", "b2"]
+    assert sc.telemetry.value("gpumetrics.pull.rejected_points", {"consumer": "c"}) == 3
+
+
+def test_read_after_sequence_of_another_epoch_is_ignored(sidecar):
+    sc = sidecar(store=BatchStore(epoch="fresh"), append=3)
+    stub = sc.pull_stub()
+    got = pull(stub, consumer="c", ack_epoch="before-restart", read_after_sequence=2)
+    assert (got.epoch, got.first_sequence, got.last_sequence) == ("fresh", 1, 3)
+    beyond = pull(stub, consumer="c", ack_epoch="fresh", read_after_sequence=99)
+    assert (beyond.export_metrics_service_request, beyond.last_sequence, beyond.more) == (
+        b"",
+        0,
+        False,
+    )
 
 
 def test_a_new_epoch_ignores_the_old_ack(sidecar):

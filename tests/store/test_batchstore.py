@@ -106,7 +106,7 @@ def test_ack_from_another_epoch_is_ignored(make_request):
     assert restarted.stats().consumers[0].acked_sequence == 0
 
 
-def test_more_drains_a_backlog_in_several_pulls(make_request, parse_request):
+def test_acknowledging_each_answer_also_drains_a_backlog(make_request, parse_request):
     store = BatchStore()
     sizes = [len(make_request(10, f"b{i}").SerializeToString()) for i in range(10)]
     for i in range(10):
@@ -126,6 +126,104 @@ def test_more_drains_a_backlog_in_several_pulls(make_request, parse_request):
     assert pulls == 4  # 3 + 3 + 3 + 1
     store.pull("c", ack_sequence=ack, ack_epoch=store.epoch, ack_only=True)
     assert store.stats().held_points == 0
+
+
+def test_read_after_sequence_drains_a_backlog_then_one_ack_releases_it_all(
+    make_request, parse_request
+):
+    store = BatchStore(epoch="E")
+    for i in range(10):
+        store.append(make_request(2, f"b{i}"))
+    seen: list[str] = []
+    answers: list[tuple[int, int, bool]] = []
+    position = 0
+    for _ in range(20):
+        r = store.pull("c", ack_epoch="E", read_after_sequence=position, max_points=6)
+        answers.append((r.first_sequence, r.last_sequence, r.more))
+        seen += tags(parse_request, r.data)
+        position = r.last_sequence
+        if not r.more:
+            break
+    assert answers == [(1, 3, True), (4, 6, True), (7, 9, True), (10, 10, False)]
+    assert seen == [f"b{i}" for i in range(10)]
+    s = store.stats()
+    assert (s.held_batches, s.consumers[0].acked_sequence) == (10, 0)  # reading releases nothing
+    assert s.consumers[0].delivered_sequence == 10
+    done = store.pull("c", ack_sequence=position, ack_epoch="E", read_after_sequence=position)
+    assert (done.data, done.first_sequence, done.last_sequence, done.more) == (b"", 0, 0, False)
+    s = store.stats()
+    assert (s.held_batches, s.released_points, s.consumers[0].acked_points) == (0, 20, 20)
+    assert_accounting(store)
+
+
+def test_a_consumer_whose_pipeline_failed_rereads_from_its_ack_cursor(make_request):
+    store = BatchStore(epoch="E")
+    for i in range(4):
+        store.append(make_request(1, f"b{i}"))
+    first = store.pull("c", ack_epoch="E", max_points=2)
+    ahead = store.pull("c", ack_epoch="E", read_after_sequence=first.last_sequence, max_points=2)
+    assert (first.last_sequence, ahead.first_sequence, ahead.last_sequence) == (2, 3, 4)
+    # the pipeline refused both answers: nothing acknowledged, read from the cursor again
+    again = store.pull("c", ack_epoch="E", read_after_sequence=0, max_points=2)
+    assert again.data == first.data and (again.first_sequence, again.more) == (1, True)
+    rest = store.pull("c", ack_epoch="E", read_after_sequence=again.last_sequence)
+    assert rest.data == ahead.data and rest.more is False
+    assert store.stats().held_batches == 4
+    store.pull("c", ack_sequence=4, ack_epoch="E", ack_only=True)
+    assert store.stats().held_batches == 0
+    assert_accounting(store)
+
+
+def test_read_after_sequence_never_reads_behind_the_ack_cursor(make_request):
+    store = BatchStore(epoch="E")
+    for _ in range(3):
+        store.append(make_request(1))
+    store.pull("c")
+    r = store.pull("c", ack_sequence=2, ack_epoch="E", read_after_sequence=1)
+    assert (r.first_sequence, r.last_sequence, r.more) == (3, 3, False)
+
+
+@pytest.mark.parametrize(
+    ("read_after", "ack_only", "expect"),
+    [
+        (3, False, (0, 0, False)),  # the newest batch: nothing after it
+        (4, False, (0, 0, False)),  # beyond what exists
+        (10**12, False, (0, 0, False)),
+        (1, True, (0, 0, True)),  # ack_only: no data; more is about what follows the position
+        (3, True, (0, 0, False)),
+    ],
+)
+def test_read_after_sequence_at_or_beyond_the_end(make_request, read_after, ack_only, expect):
+    store = BatchStore(epoch="E")
+    for _ in range(3):
+        store.append(make_request(1))
+    r = store.pull("c", ack_epoch="E", read_after_sequence=read_after, ack_only=ack_only)
+    assert (r.first_sequence, r.last_sequence, r.more) == expect
+    assert (r.data, r.data_points) == (b"", 0)
+    assert store.stats().consumers[0].delivered_sequence == 0  # nothing was sent
+    assert_accounting(store)
+
+
+def test_read_after_sequence_from_another_epoch_is_ignored(make_request):
+    store = BatchStore(epoch="new")
+    for _ in range(3):
+        store.append(make_request(1))
+    for epoch in ("old", ""):
+        r = store.pull(f"c-{epoch or 'none'}", ack_epoch=epoch, read_after_sequence=2)
+        assert (r.epoch, r.first_sequence, r.last_sequence) == ("new", 1, 3)
+
+
+def test_an_ack_after_read_ahead_is_clamped_to_what_was_sent(make_request):
+    store = BatchStore(epoch="E")
+    for _ in range(4):
+        store.append(make_request(1))
+    r = store.pull("c", ack_epoch="E", max_points=2)  # sent: 1..2
+    store.pull(
+        "c", ack_sequence=4, ack_epoch="E", read_after_sequence=r.last_sequence, ack_only=True
+    )
+    s = store.stats()
+    assert (s.consumers[0].acked_sequence, s.held_batches) == (2, 2)
+    assert_accounting(store)
 
 
 def test_a_single_oversized_batch_is_returned_alone(make_request):
@@ -259,6 +357,8 @@ def test_first_pull_registers_from_the_oldest_batch_held(make_request):
         ({"consumer": "c", "ack_sequence": -1}, "ack_sequence"),
         ({"consumer": "c", "max_points": -1}, "max_points"),
         ({"consumer": "c", "max_bytes": -1}, "max_bytes"),
+        ({"consumer": "c", "read_after_sequence": -1}, "read_after_sequence"),
+        ({"consumer": "c", "read_after_sequence": True}, "read_after_sequence"),
     ],
 )
 def test_bad_pull_arguments_name_the_field_and_change_nothing(kwargs, field, make_request):

@@ -2,7 +2,9 @@
 
 The model keeps every batch ever appended with its fate (held, released, dropped) and applies
 the rules of docs/protocol.md literally, in O(n) per step; every PullResult field and every
-accounting counter of the real store must match it after any sequence of operations.
+accounting counter of the real store must match it after any sequence of operations, including
+read-ahead pulls (``read_after_sequence``: after the previous answer, behind the cursor, beyond
+the newest batch) mixed with acknowledgements and re-reads from the cursor.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class MConsumer:
     last_seen: float
     dropped_total: int = 0
     pending: int = 0
+    last_answer: int = 0  # last_sequence of its latest non-empty answer (its read-ahead)
     reasons: list[str] = field(default_factory=list)
 
 
@@ -114,10 +117,20 @@ class StoreModel(RuleBasedStateMachine):
         max_points=st.sampled_from([0, 1, 10]),
         max_bytes=st.sampled_from([0, 50, 400]),
         ack_only=st.booleans(),
+        read=st.sampled_from(["cursor", "ahead", "behind", "beyond"]),
     )
-    def pull(self, name: str, ack: str, max_points: int, max_bytes: int, ack_only: bool) -> None:
+    def pull(
+        self, name: str, ack: str, max_points: int, max_bytes: int, ack_only: bool, read: str
+    ) -> None:
         now = self.clock.now
         c = self.consumers.get(name)
+        # read-ahead: continue after the previous answer without acknowledging it
+        read_after = {
+            "cursor": 0,
+            "ahead": c.last_answer if c else 0,
+            "behind": max(c.acked - 1, 0) if c else 0,
+            "beyond": len(self.batches) + 3,
+        }[read]
         ack_seq = {
             "none": 0,
             "delivered": c.delivered if c else 0,
@@ -131,7 +144,7 @@ class StoreModel(RuleBasedStateMachine):
         c = self.consumers.get(name)
         if c is None and len(self.consumers) >= LIMITS.max_consumers:
             try:
-                self.store.pull(name, ack_seq, epoch, max_points, max_bytes, ack_only)
+                self.store.pull(name, ack_seq, epoch, max_points, max_bytes, ack_only, read_after)
             except TooManyConsumersError:
                 # refused: not registered; the housekeeping it did (expiry, age drops) is what
                 # the model applied above, and the invariants compare the rest
@@ -146,11 +159,12 @@ class StoreModel(RuleBasedStateMachine):
             c.acked = min(ack_seq, c.delivered)
             self.acked_hw = max(self.acked_hw, c.acked)
             self.m_release()
+        position = max(read_after, c.acked) if epoch == "E" else c.acked
         expect_dropped, expect_reasons = c.pending, tuple(c.reasons)
         c.pending, c.reasons = 0, []
         chosen: list[MBatch] = []
         if not ack_only:
-            for b in (b for b in self.held() if b.seq > c.acked):
+            for b in (b for b in self.held() if b.seq > position):
                 pts = sum(x.points for x in chosen)
                 size = sum(x.size for x in chosen)
                 if chosen and (
@@ -161,8 +175,9 @@ class StoreModel(RuleBasedStateMachine):
                 chosen.append(b)
             if chosen:
                 c.delivered = max(c.delivered, chosen[-1].seq)
-        tail = chosen[-1].seq if chosen else c.acked
-        r = self.store.pull(name, ack_seq, epoch, max_points, max_bytes, ack_only)
+                c.last_answer = chosen[-1].seq
+        tail = chosen[-1].seq if chosen else position
+        r = self.store.pull(name, ack_seq, epoch, max_points, max_bytes, ack_only, read_after)
         assert r.epoch == "E"
         assert (r.first_sequence, r.last_sequence) == (
             (chosen[0].seq, chosen[-1].seq) if chosen else (0, 0)

@@ -7,6 +7,9 @@ result onto ``PullResponse`` (semantics in ``docs/protocol.md``). Errors (``pull
   ``previous_outcome.rejected_data_points``;
 * UNAVAILABLE before the first collection has been stored (retryable, OTLP §2.1);
 * RESOURCE_EXHAUSTED when a new consumer would exceed ``StoreLimits.max_consumers``.
+
+UNAUTHENTICATED / PERMISSION_DENIED (token checks) and RESOURCE_EXHAUSTED for oversized requests
+or too many calls in flight come from the server around this servicer (``gate.py``, grpcio).
 """
 
 from __future__ import annotations
@@ -69,7 +72,11 @@ class PullServicer(pull_pb2_grpc.MetricsPullServiceServicer):
         self._reserved = frozenset(reserved_consumers)
 
     def Pull(self, request: pull_pb2.PullRequest, context: Any) -> pull_pb2.PullResponse:  # noqa: N802
-        """Acknowledge, then answer with the batches after the consumer's cursor."""
+        """Acknowledge, then answer with the batches after the read position.
+
+        The read position is ``max(request.read_after_sequence, acknowledged cursor)``, with
+        ``read_after_sequence`` ignored when ``ack_epoch`` is not the store's epoch.
+        """
         try:
             consumer = validate_consumer(request.consumer)
         except ValueError as exc:
@@ -99,6 +106,7 @@ class PullServicer(pull_pb2_grpc.MetricsPullServiceServicer):
                 max_points=request.max_data_points or self._default_max_points,
                 max_bytes=max_bytes,
                 ack_only=request.ack_only,
+                read_after_sequence=request.read_after_sequence,
             )
         except TooManyConsumersError as exc:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))

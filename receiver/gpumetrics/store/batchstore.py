@@ -7,11 +7,15 @@ protobuf message's serialization is the concatenation of its fields, concatenati
 ``b"".join`` and never re-parsed.
 
 Delivery is at-least-once (``docs/protocol.md``): every named consumer has its own cursor, which
-is its acknowledged sequence; a pull returns the batches after that cursor, so what was sent but
-not acknowledged is sent again. A batch is released only when every registered consumer has
-acknowledged it. When a limit (:class:`~gpumetrics.store.StoreLimits`) forces the oldest batches
-out, each consumer that had not acknowledged them is charged their points, which its next pull
-reports. Accounting is exact and exposed through :meth:`BatchStore.stats`:
+is its acknowledged sequence; a pull returns the batches after its *read position*,
+``max(read_after_sequence, cursor)``. The store keeps no delivery state beyond the highest
+sequence sent (which bounds acknowledgements): a consumer drains a backlog in several pulls by
+passing the previous answer's ``last_sequence`` as ``read_after_sequence``, and a pull that reads
+from the cursor again (``read_after_sequence = 0``) gets what was sent but not acknowledged sent
+again. A batch is released only when every registered consumer has acknowledged it. When a
+limit (:class:`~gpumetrics.store.StoreLimits`) forces the oldest batches out, each consumer that
+had not acknowledged them is charged their points, which its next pull reports. Accounting is
+exact and exposed through :meth:`BatchStore.stats`:
 
 * store: ``appended_points == released_points + sum(dropped_points.values()) + held_points``;
 * each consumer: ``offered_points == acked_points + dropped_points_total + unacked_held_points``.
@@ -180,8 +184,9 @@ class BatchStore:
         max_points: int = 0,
         max_bytes: int = 0,
         ack_only: bool = False,
+        read_after_sequence: int = 0,
     ) -> PullResult:
-        """Acknowledge, then return the batches after the consumer's cursor.
+        """Acknowledge, then return the batches after the consumer's read position.
 
         Args:
             consumer: consumer name (``""`` = :data:`DEFAULT_CONSUMER`); registered on its first
@@ -189,14 +194,20 @@ class BatchStore:
             ack_sequence: everything up to here has been durably taken; applied only when
                 ``ack_epoch`` equals :attr:`epoch`, never moves the cursor back, and is clamped
                 to the highest sequence sent to this consumer (nothing unseen is released).
-            ack_epoch: the epoch ``ack_sequence`` belongs to.
+            ack_epoch: the epoch ``ack_sequence`` and ``read_after_sequence`` belong to.
             max_points: cap on the data points in the answer (0 = none).
             max_bytes: cap on the answer's serialized size (0 = none). The first batch is
                 returned even when it alone exceeds a cap.
             ack_only: apply the acknowledgement and report drops, but return no data.
+            read_after_sequence: the read position: the answer holds batches with sequence
+                greater than ``max(read_after_sequence, acknowledged cursor)``; 0 means right
+                after the cursor. Ignored (treated as 0) when ``ack_epoch`` is not :attr:`epoch`.
+                Beyond the newest batch: an empty answer with ``more`` False. It releases
+                nothing and moves no cursor.
 
         Raises:
-            ValueError: naming ``consumer``, ``ack_sequence``, ``max_points`` or ``max_bytes``.
+            ValueError: naming ``consumer``, ``ack_sequence``, ``max_points``, ``max_bytes`` or
+                ``read_after_sequence``.
             TooManyConsumersError: a new consumer while ``max_consumers`` are registered.
 
         """
@@ -205,6 +216,7 @@ class BatchStore:
             ("ack_sequence", ack_sequence),
             ("max_points", max_points),
             ("max_bytes", max_bytes),
+            ("read_after_sequence", read_after_sequence),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{field}: must be an int >= 0, got {value!r}")
@@ -217,15 +229,17 @@ class BatchStore:
             self._enforce_limits(now)
             if c is None:
                 c = self._register(name, now)
-            if ack_epoch == self.epoch and ack_sequence > c.acked:
+            current = ack_epoch == self.epoch
+            if current and ack_sequence > c.acked:
                 self._ack(c, min(ack_sequence, c.delivered))
                 self._release()
+            position = max(read_after_sequence, c.acked) if current else c.acked
             dropped, reasons = c.pending_dropped, tuple(c.pending_reasons)
             c.pending_dropped = 0
             c.pending_reasons = {}
             parts: list[bytes] = []
             first = last = points = size = 0
-            start = c.acked + 1 - self._batches[0].seq if self._batches else 0
+            start = position + 1 - self._batches[0].seq if self._batches else 0
             if not ack_only:
                 for i in range(start, len(self._batches)):
                     b = self._batches[i]
@@ -238,7 +252,7 @@ class BatchStore:
                     first = first or b.seq
                     last, points, size = b.seq, points + b.points, size + len(b.data)
                 c.delivered = max(c.delivered, last)
-            tail = last or c.acked
+            tail = last or position
             more = bool(self._batches) and self._batches[-1].seq > tail
             self._publish()
             total = c.dropped_total

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gpumetrics/v1/pull.proto\x12\rgpumetrics.v1\"\xc0\x01\n\x0bPullRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\t\x12\x14\n\x0c\x61\x63k_sequence\x18\x02 \x01(\x04\x12\x11\n\tack_epoch\x18\x03 \x01(\t\x12\x17\n\x0fmax_data_points\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\x38\n\x10previous_outcome\x18\x06 \x01(\x0b\x32\x1e.gpumetrics.v1.PreviousOutcome\x12\x10\n\x08\x61\x63k_only\x18\x07 \x01(\x08\"]\n\x0fPreviousOutcome\x12\x15\n\rlast_sequence\x18\x01 \x01(\x04\x12\x1c\n\x14rejected_data_points\x18\x02 \x01(\x03\x12\x15\n\rerror_message\x18\x03 \x01(\t\"\xed\x01\n\x0cPullResponse\x12&\n\x1e\x65xport_metrics_service_request\x18\x01 \x01(\x0c\x12\r\n\x05\x65poch\x18\x02 \x01(\t\x12\x16\n\x0e\x66irst_sequence\x18\x03 \x01(\x04\x12\x15\n\rlast_sequence\x18\x04 \x01(\x04\x12\x0c\n\x04more\x18\x05 \x01(\x08\x12\x13\n\x0b\x64\x61ta_points\x18\x06 \x01(\x04\x12\x1b\n\x13\x64ropped_data_points\x18\x07 \x01(\x04\x12!\n\x19\x64ropped_data_points_total\x18\x08 \x01(\x04\x12\x14\n\x0c\x64rop_reasons\x18\t \x03(\t2U\n\x12MetricsPullService\x12?\n\x04Pull\x12\x1a.gpumetrics.v1.PullRequest\x1a\x1b.gpumetrics.v1.PullResponseBOZMgithub.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1;gpumetricsv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gpumetrics/v1/pull.proto\x12\rgpumetrics.v1\"\xdd\x01\n\x0bPullRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\t\x12\x14\n\x0c\x61\x63k_sequence\x18\x02 \x01(\x04\x12\x11\n\tack_epoch\x18\x03 \x01(\t\x12\x17\n\x0fmax_data_points\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\x04\x12\x38\n\x10previous_outcome\x18\x06 \x01(\x0b\x32\x1e.gpumetrics.v1.PreviousOutcome\x12\x10\n\x08\x61\x63k_only\x18\x07 \x01(\x08\x12\x1b\n\x13read_after_sequence\x18\x08 \x01(\x04\"]\n\x0fPreviousOutcome\x12\x15\n\rlast_sequence\x18\x01 \x01(\x04\x12\x1c\n\x14rejected_data_points\x18\x02 \x01(\x03\x12\x15\n\rerror_message\x18\x03 \x01(\t\"\xed\x01\n\x0cPullResponse\x12&\n\x1e\x65xport_metrics_service_request\x18\x01 \x01(\x0c\x12\r\n\x05\x65poch\x18\x02 \x01(\t\x12\x16\n\x0e\x66irst_sequence\x18\x03 \x01(\x04\x12\x15\n\rlast_sequence\x18\x04 \x01(\x04\x12\x0c\n\x04more\x18\x05 \x01(\x08\x12\x13\n\x0b\x64\x61ta_points\x18\x06 \x01(\x04\x12\x1b\n\x13\x64ropped_data_points\x18\x07 \x01(\x04\x12!\n\x19\x64ropped_data_points_total\x18\x08 \x01(\x04\x12\x14\n\x0c\x64rop_reasons\x18\t \x03(\t2U\n\x12MetricsPullService\x12?\n\x04Pull\x12\x1a.gpumetrics.v1.PullRequest\x1a\x1b.gpumetrics.v1.PullResponseBOZMgithub.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1;gpumetricsv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,11 +33,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'ZMgithub.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1;gpumetricsv1'
   _globals['_PULLREQUEST']._serialized_start=44
-  _globals['_PULLREQUEST']._serialized_end=236
-  _globals['_PREVIOUSOUTCOME']._serialized_start=238
-  _globals['_PREVIOUSOUTCOME']._serialized_end=331
-  _globals['_PULLRESPONSE']._serialized_start=334
-  _globals['_PULLRESPONSE']._serialized_end=571
-  _globals['_METRICSPULLSERVICE']._serialized_start=573
-  _globals['_METRICSPULLSERVICE']._serialized_end=658
+  _globals['_PULLREQUEST']._serialized_end=265
+  _globals['_PREVIOUSOUTCOME']._serialized_start=267
+  _globals['_PREVIOUSOUTCOME']._serialized_end=360
+  _globals['_PULLRESPONSE']._serialized_start=363
+  _globals['_PULLRESPONSE']._serialized_end=600
+  _globals['_METRICSPULLSERVICE']._serialized_start=602
+  _globals['_METRICSPULLSERVICE']._serialized_end=687
 # @@protoc_insertion_point(module_scope)

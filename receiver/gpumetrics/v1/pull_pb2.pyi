@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PullRequest(_message.Message):
-    __slots__ = ("consumer", "ack_sequence", "ack_epoch", "max_data_points", "max_bytes", "previous_outcome", "ack_only")
+    __slots__ = ("consumer", "ack_sequence", "ack_epoch", "max_data_points", "max_bytes", "previous_outcome", "ack_only", "read_after_sequence")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     ACK_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ACK_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class PullRequest(_message.Message):
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_OUTCOME_FIELD_NUMBER: _ClassVar[int]
     ACK_ONLY_FIELD_NUMBER: _ClassVar[int]
+    READ_AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     consumer: str
     ack_sequence: int
     ack_epoch: str
@@ -22,7 +23,8 @@ class PullRequest(_message.Message):
     max_bytes: int
     previous_outcome: PreviousOutcome
     ack_only: bool
-    def __init__(self, consumer: _Optional[str] = ..., ack_sequence: _Optional[int] = ..., ack_epoch: _Optional[str] = ..., max_data_points: _Optional[int] = ..., max_bytes: _Optional[int] = ..., previous_outcome: _Optional[_Union[PreviousOutcome, _Mapping]] = ..., ack_only: _Optional[bool] = ...) -> None: ...
+    read_after_sequence: int
+    def __init__(self, consumer: _Optional[str] = ..., ack_sequence: _Optional[int] = ..., ack_epoch: _Optional[str] = ..., max_data_points: _Optional[int] = ..., max_bytes: _Optional[int] = ..., previous_outcome: _Optional[_Union[PreviousOutcome, _Mapping]] = ..., ack_only: _Optional[bool] = ..., read_after_sequence: _Optional[int] = ...) -> None: ...
 
 class PreviousOutcome(_message.Message):
     __slots__ = ("last_sequence", "rejected_data_points", "error_message")

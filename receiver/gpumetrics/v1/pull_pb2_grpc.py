@@ -47,10 +47,17 @@ class MetricsPullServiceServicer:
     """
 
     def Pull(self, request, context):
-        """Pull acknowledges what the caller has durably taken and returns the next batches.
+        """Pull acknowledges what the caller has durably taken and returns the next batches after its
+        read position (see PullRequest.read_after_sequence).
 
-        Errors: UNAUTHENTICATED (missing or wrong bearer token), INVALID_ARGUMENT (a malformed request,
-        the message names the field), UNAVAILABLE (nothing collected yet; retry later).
+        Errors:
+        UNAUTHENTICATED: no bearer token, or an unknown one (when the sidecar requires tokens);
+        PERMISSION_DENIED: a token that may only declare processes (a declare token);
+        INVALID_ARGUMENT: a malformed request; the message starts with the field (`consumer: ...`);
+        UNAVAILABLE: nothing collected yet, or the sidecar is unreachable; retry with back-off;
+        RESOURCE_EXHAUSTED: a new consumer beyond the store's consumer limit, a request larger than
+        the server's receive limit, or more calls in flight than the server allows.
+        Nothing held changes when a Pull fails.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
