@@ -22,13 +22,12 @@ type delivery struct {
 	// partial scrape error); rejectReason says why.
 	rejected     int64
 	rejectReason string
-	// more is true when the sidecar said more batches wait after lastSequence.
-	more bool
 }
 
 // cursor is the receiver's side of the pull protocol (proto/gpumetrics/v1/pull.proto): what the
-// pipeline accepted (sent as ack_sequence/ack_epoch), what is still in flight in the pipeline,
-// and the outcome to report in the next PullRequest.previous_outcome. Safe for concurrent use.
+// pipeline accepted (sent as ack_sequence/ack_epoch, and where each scrape starts reading), what
+// is still in flight in the pipeline, and the outcome to report in the next
+// PullRequest.previous_outcome. Safe for concurrent use.
 type cursor struct {
 	mu      sync.Mutex
 	epoch   string // the sidecar's store epoch that acked belongs to ("" before the first pull)
@@ -36,24 +35,32 @@ type cursor struct {
 	unsent  bool   // acked advanced since a request last carried it
 	outcome *gpumetricsv1.PreviousOutcome
 	pending *delivery
-	// fromAck is true once the sidecar was seen to serve from the acknowledged cursor in epoch
-	// (it replayed unacknowledged batches): a second Pull before the acknowledgement is useless.
-	fromAck bool
 }
 
-// request builds the next PullRequest with the current acknowledgement and outcome.
-func (c *cursor) request(consumer string, maxPoints uint32, maxBytes uint64, ackOnly bool) *gpumetricsv1.PullRequest {
+// request builds the next PullRequest with the current acknowledgement and outcome, reading
+// after readAfter (a sequence of the cursor's epoch; the sidecar ignores it for another epoch).
+func (c *cursor) request(consumer string, readAfter uint64, maxPoints uint32, maxBytes uint64, ackOnly bool) *gpumetricsv1.PullRequest {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return &gpumetricsv1.PullRequest{
-		Consumer:        consumer,
-		AckSequence:     c.acked,
-		AckEpoch:        c.epoch,
-		MaxDataPoints:   maxPoints,
-		MaxBytes:        maxBytes,
-		PreviousOutcome: c.outcome,
-		AckOnly:         ackOnly,
+		Consumer:          consumer,
+		AckSequence:       c.acked,
+		AckEpoch:          c.epoch,
+		ReadAfterSequence: readAfter,
+		MaxDataPoints:     maxPoints,
+		MaxBytes:          maxBytes,
+		PreviousOutcome:   c.outcome,
+		AckOnly:           ackOnly,
 	}
+}
+
+// readStart returns where a scrape starts reading: right after what the pipeline accepted. Equal
+// to 0 for a sidecar that knows this consumer; it also skips what was accepted when the sidecar
+// forgot the consumer and re-registered it from its oldest batch.
+func (c *cursor) readStart() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.acked
 }
 
 // delivered records that req reached the sidecar: its acknowledgement and outcome need not be
@@ -79,27 +86,8 @@ func (c *cursor) observeEpoch(epoch string) (string, bool) {
 		return epoch, false
 	}
 	old := c.epoch
-	c.epoch, c.acked, c.unsent, c.outcome, c.fromAck = epoch, 0, false, nil, false
+	c.epoch, c.acked, c.unsent, c.outcome = epoch, 0, false, nil
 	return old, old != ""
-}
-
-func (c *cursor) setServesFromAck() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.fromAck = true
-}
-
-func (c *cursor) servesFromAck() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.fromAck
-}
-
-// alreadyAccepted reports whether every batch up to lastSequence of epoch was accepted before.
-func (c *cursor) alreadyAccepted(epoch string, lastSequence uint64) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return epoch == c.epoch && lastSequence <= c.acked
 }
 
 // hasUnsentAck reports whether an acknowledgement is waiting for the next request.
@@ -125,7 +113,8 @@ func (c *cursor) takePending() *delivery {
 
 // settle applies the pipeline's verdict on d. Accepted (err == nil) or permanently rejected
 // data is acknowledged (a permanent error will not go away by re-delivering); any other error
-// leaves the acknowledgement where it was, so the sidecar re-delivers. Every rejection is
+// leaves the acknowledgement where it was, so the next scrape reads from it again and the
+// sidecar re-delivers. Every rejection is
 // reported in the next request's previous_outcome. It returns true when d was acknowledged.
 func (c *cursor) settle(d *delivery, err error) bool {
 	c.mu.Lock()
@@ -185,10 +174,7 @@ func (a *ackingConsumer) ConsumeMetrics(ctx context.Context, md pmetric.Metrics)
 	switch {
 	case err == nil:
 		logger.Debug("Pipeline accepted the pulled batches", zap.String("epoch", d.epoch),
-			zap.Uint64("last_sequence", d.lastSequence), zap.Int64("data_points", d.points), zap.Bool("more", d.more))
-		if d.more {
-			a.scraper.schedule.requestEarly()
-		}
+			zap.Uint64("last_sequence", d.lastSequence), zap.Int64("data_points", d.points))
 	case acked:
 		logger.Warn("Pipeline permanently rejected the pulled batches; acknowledged so the sidecar does not re-deliver them",
 			zap.Uint64("last_sequence", d.lastSequence), zap.Int64("data_points", d.points), zap.Error(err))

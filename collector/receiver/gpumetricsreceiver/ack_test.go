@@ -38,8 +38,9 @@ func TestCursorSettle(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := &cursor{epoch: "e", acked: 2}
 			assert.Equal(t, tt.wantAck, c.settle(&tt.delivery, tt.err))
-			req := c.request("x", 0, 0, false)
+			req := c.request("x", 0, 0, 0, false)
 			assert.Equal(t, tt.wantAcked, req.GetAckSequence())
+			assert.Equal(t, tt.wantAcked, c.readStart(), "the next scrape reads after what was acknowledged")
 			assert.Equal(t, "e", req.GetAckEpoch())
 			if tt.wantRejected < 0 {
 				assert.Nil(t, req.GetPreviousOutcome())
@@ -63,7 +64,7 @@ func TestCursorObserveEpoch(t *testing.T) {
 	old, restarted = c.observeEpoch("e2")
 	assert.True(t, restarted)
 	assert.Equal(t, "e1", old)
-	req := c.request("x", 0, 0, false)
+	req := c.request("x", 0, 0, 0, false)
 	assert.Equal(t, uint64(0), req.GetAckSequence(), "sequences began again")
 	assert.Equal(t, "e2", req.GetAckEpoch())
 	assert.False(t, c.hasUnsentAck())
@@ -72,13 +73,13 @@ func TestCursorObserveEpoch(t *testing.T) {
 func TestCursorDelivered(t *testing.T) {
 	c := &cursor{epoch: "e"}
 	c.settle(&delivery{epoch: "e", lastSequence: 3, points: 1}, errors.New("no"))
-	req := c.request("x", 0, 0, false)
+	req := c.request("x", 0, 0, 0, false)
 	assert.NotNil(t, req.GetPreviousOutcome())
 	c.delivered(req)
-	assert.Nil(t, c.request("x", 0, 0, false).GetPreviousOutcome(), "an outcome is reported once")
+	assert.Nil(t, c.request("x", 0, 0, 0, false).GetPreviousOutcome(), "an outcome is reported once")
 
 	c.settle(&delivery{epoch: "e", lastSequence: 3, points: 1}, nil)
 	assert.True(t, c.hasUnsentAck())
-	c.delivered(c.request("x", 0, 0, false))
+	c.delivered(c.request("x", 0, 0, 0, false))
 	assert.False(t, c.hasUnsentAck())
 }

@@ -56,9 +56,8 @@ func createMetrics(_ context.Context, set receiver.Settings, cfg component.Confi
 
 // newMetricsReceiver builds the scraper and the standard scraper controller around it. The
 // controller is given an acknowledging consumer (see ackingConsumer) in front of next, so a batch
-// is acknowledged to the sidecar only once next accepted it, and the controller's ticks come from
-// the scraper's scheduler (see scheduler). options are passed to the controller after these
-// (tests drive scrapes with their own scraperhelper.WithTickerChannel).
+// is acknowledged to the sidecar only once next accepted it. options are passed to the controller
+// after these (tests drive scrapes with their own scraperhelper.WithTickerChannel).
 func newMetricsReceiver(set receiver.Settings, cfg *Config, next consumer.Metrics, options ...scraperhelper.ControllerOption) (receiver.Metrics, error) {
 	s, err := newPullScraper(set, cfg)
 	if err != nil {
@@ -70,7 +69,6 @@ func newMetricsReceiver(set receiver.Settings, cfg *Config, next consumer.Metric
 	}
 	options = append([]scraperhelper.ControllerOption{
 		scraperhelper.AddMetricsScraper(metadata.Type, sc),
-		scraperhelper.WithTickerChannel(s.schedule.ticks),
 	}, options...)
 	controller, err := scraperhelper.NewMetricsController(&cfg.ControllerConfig, set, &ackingConsumer{next: next, scraper: s}, options...)
 	if err != nil {

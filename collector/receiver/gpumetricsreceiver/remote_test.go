@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +29,15 @@ func acks(reqs []*gpumetricsv1.PullRequest) []uint64 {
 	out := make([]uint64, len(reqs))
 	for i, r := range reqs {
 		out[i] = r.GetAckSequence()
+	}
+	return out
+}
+
+// readAfters returns the read_after_sequence of every request.
+func readAfters(reqs []*gpumetricsv1.PullRequest) []uint64 {
+	out := make([]uint64, len(reqs))
+	for i, r := range reqs {
+		out[i] = r.GetReadAfterSequence()
 	}
 	return out
 }
@@ -56,24 +66,30 @@ func TestRemotePullUntilNotMore(t *testing.T) {
 			require.NoError(t, consumeErr)
 			assert.Equal(t, []string{"b1", "b2", "b3", "b4", "b5"}, next.batchLabels())
 
-			// three pulls (2+2+1 batches), none acknowledging yet: the pipeline had not answered
+			// three pulls (2+2+1 batches), each reading after the previous answer, none
+			// acknowledging yet: the pipeline had not answered
 			reqs := fake.Requests()
 			require.Len(t, reqs, 3)
 			assert.Equal(t, []uint64{0, 0, 0}, acks(reqs))
+			assert.Equal(t, []uint64{0, 2, 4}, readAfters(reqs))
+			assert.Equal(t, []string{"", "epoch-1", "epoch-1"}, []string{reqs[0].GetAckEpoch(), reqs[1].GetAckEpoch(), reqs[2].GetAckEpoch()})
 			for _, r := range reqs {
 				assert.Equal(t, "gpumetrics/test", r.GetConsumer())
 			}
+			assert.Equal(t, 5, fake.Held(), "read, not acknowledged: nothing released")
 
-			// the next scrape acknowledges all five and gets nothing new
+			// the next scrape acknowledges all five, reads after them and gets nothing new
 			scrapeErr, consumeErr = cycle(s, next)
 			require.NoError(t, scrapeErr)
 			require.NoError(t, consumeErr)
 			reqs = fake.Requests()
 			require.Len(t, reqs, 4)
 			assert.Equal(t, uint64(5), reqs[3].GetAckSequence())
+			assert.Equal(t, uint64(5), reqs[3].GetReadAfterSequence())
 			assert.Equal(t, "epoch-1", reqs[3].GetAckEpoch())
 			assert.Nil(t, reqs[3].GetPreviousOutcome())
 			assert.Equal(t, uint64(5), fake.Acked("gpumetrics/test"))
+			assert.Zero(t, fake.Held(), "one acknowledgement released the whole backlog")
 			assert.Len(t, next.batchLabels(), 5, "nothing was delivered twice")
 		})
 	}
@@ -83,33 +99,120 @@ func TestRemoteEmptyScrapeIsNotForwarded(t *testing.T) {
 	fake := fakesidecar.New(fakesidecar.Options{})
 	s := newScraper(t, newTestEnv(t), remoteConfig(serveTCP(t, fake)))
 	next := newScriptedConsumer()
+
+	// before the sidecar's first collection: UNAVAILABLE, a failed scrape, nothing forwarded
 	scrapeErr, consumeErr := cycle(s, next)
+	assert.Equal(t, codes.Unavailable, status.Code(errors.Unwrap(scrapeErr)), "scrape error: %v", scrapeErr)
+	require.NoError(t, consumeErr)
+	assert.Empty(t, next.calls, "a failed scrape: the pipeline is not called")
+
+	fake.Append(fakesidecar.Gauge("b1", 1))
+	_, _ = cycle(s, next)
+	next.waitCall(t)
+	scrapeErr, consumeErr = cycle(s, next) // acknowledges b1; nothing new after it
 	require.NoError(t, scrapeErr)
 	require.NoError(t, consumeErr)
-	assert.Len(t, fake.Requests(), 1)
+	assert.Len(t, fake.Requests(), 3)
 	assert.Empty(t, next.calls, "nothing new: the pipeline is not called")
+	assert.Equal(t, []string{"b1"}, next.batchLabels())
 }
 
 func TestRemotePullsPerScrapeAreBounded(t *testing.T) {
-	fake := fakesidecar.New(fakesidecar.Options{MaxBatchesPerPull: 1})
-	appendBatches(fake, 5, 1)
+	fake := fakesidecar.New(fakesidecar.Options{})
+	appendBatches(fake, 5, 3)
 	cfg := remoteConfig(serveTCP(t, fake))
 	cfg.MaxPullsPerScrape = 2
-	cfg.MaxDataPointsPerPull = 7
+	cfg.MaxDataPointsPerPull = 5 // one batch of 3 points per pull
 	cfg.MaxBytesPerPull = 4096
-	s := newScraper(t, newTestEnv(t), cfg)
+	env := newTestEnv(t)
+	s := newScraper(t, env, cfg)
 	next := newScriptedConsumer()
 
-	_, _ = cycle(s, next)
-	assert.Equal(t, []string{"b1", "b2"}, next.batchLabels())
-	reqs := fake.Requests()
-	require.Len(t, reqs, 2)
-	assert.Equal(t, uint32(7), reqs[0].GetMaxDataPoints())
-	assert.Equal(t, uint64(4096), reqs[0].GetMaxBytes())
+	tests := []struct {
+		wantLabels     []string
+		wantAcks       []uint64
+		wantReadAfters []uint64
+		wantBacklogLog int
+	}{
+		{wantLabels: []string{"b1", "b2"}, wantAcks: []uint64{0, 0}, wantReadAfters: []uint64{0, 1}, wantBacklogLog: 1},
+		{wantLabels: []string{"b1", "b2", "b3", "b4"}, wantAcks: []uint64{2, 2}, wantReadAfters: []uint64{2, 3}, wantBacklogLog: 2},
+		{wantLabels: []string{"b1", "b2", "b3", "b4", "b5"}, wantAcks: []uint64{4}, wantReadAfters: []uint64{4}, wantBacklogLog: 2},
+	}
+	seen := 0
+	for i, tt := range tests {
+		scrapeErr, consumeErr := cycle(s, next)
+		require.NoError(t, scrapeErr, "scrape %d", i)
+		require.NoError(t, consumeErr, "scrape %d", i)
+		assert.Equal(t, tt.wantLabels, next.batchLabels(), "scrape %d", i)
+		reqs := fake.Requests()[seen:]
+		seen += len(reqs)
+		assert.Equal(t, tt.wantAcks, acks(reqs), "scrape %d", i)
+		assert.Equal(t, tt.wantReadAfters, readAfters(reqs), "scrape %d", i)
+		for _, r := range reqs {
+			assert.Equal(t, uint32(5), r.GetMaxDataPoints())
+			assert.Equal(t, uint64(4096), r.GetMaxBytes())
+		}
+		assert.Equal(t, tt.wantBacklogLog, env.logs.FilterMessageSnippet("Backlog left for the next scrape").Len(), "scrape %d", i)
+	}
+}
 
+// TestRemoteBacklogDrainsInOneScrape runs the real scraper controller with its tick an hour
+// away: the first scrape reads the whole backlog in several pulls and hands it to the pipeline
+// as one pmetric.Metrics; one acknowledgement (sent at shutdown) releases all of it.
+func TestRemoteBacklogDrainsInOneScrape(t *testing.T) {
+	fake := fakesidecar.New(fakesidecar.Options{})
+	appendBatches(fake, 6, 2)
+	cfg := remoteConfig(serveTCP(t, fake))
+	cfg.CollectionInterval = time.Hour
+	cfg.MaxDataPointsPerPull = 4 // two batches per pull
+	next := newScriptedConsumer()
+	rcv, err := newMetricsReceiver(newTestEnv(t).set, cfg, next)
+	require.NoError(t, err)
+	require.NoError(t, rcv.Start(context.Background(), componenttest.NewNopHost()))
+	next.waitCall(t)
+	require.NoError(t, rcv.Shutdown(context.Background()))
+
+	next.mu.Lock()
+	require.Len(t, next.accepted, 1, "one scrape, one hand-off to the pipeline")
+	assert.Equal(t, 12, next.accepted[0].DataPointCount())
+	next.mu.Unlock()
+	assert.Equal(t, []string{"b1", "b2", "b3", "b4", "b5", "b6"}, next.batchLabels())
+	reqs := fake.Requests()
+	require.Len(t, reqs, 4)
+	assert.Equal(t, []uint64{0, 2, 4, 0}, readAfters(reqs))
+	assert.Equal(t, []uint64{0, 0, 0, 6}, acks(reqs))
+	assert.True(t, reqs[3].GetAckOnly(), "the acknowledgement is sent at shutdown")
+	assert.Zero(t, fake.Held())
+}
+
+// TestRemoteRefusedDrainIsReadAgain: the pipeline refuses a backlog read in three pulls, so
+// nothing is acknowledged; the next scrape reports the refusal, reads from the acknowledged
+// cursor again and gets the same batches re-delivered.
+func TestRemoteRefusedDrainIsReadAgain(t *testing.T) {
+	fake := fakesidecar.New(fakesidecar.Options{MaxBatchesPerPull: 1})
+	appendBatches(fake, 3, 2)
+	s := newScraper(t, newTestEnv(t), remoteConfig(serveTCP(t, fake)))
+	next := newScriptedConsumer(errors.New("memory limiter: refused"))
+
+	_, consumeErr := cycle(s, next)
+	require.ErrorContains(t, consumeErr, "refused")
+	assert.Empty(t, next.batchLabels())
+	assert.Zero(t, fake.Acked("gpumetrics/test"))
+	_, consumeErr = cycle(s, next)
+	require.NoError(t, consumeErr)
+	assert.Equal(t, []string{"b1", "b2", "b3"}, next.batchLabels(), "re-delivered whole, accepted once")
 	_, _ = cycle(s, next)
-	assert.Equal(t, []string{"b1", "b2", "b3", "b4"}, next.batchLabels())
-	assert.Equal(t, uint64(2), fake.Requests()[2].GetAckSequence())
+
+	reqs := fake.Requests()
+	require.Len(t, reqs, 7)
+	assert.Equal(t, []uint64{0, 1, 2, 0, 1, 2, 3}, readAfters(reqs))
+	assert.Equal(t, []uint64{0, 0, 0, 0, 0, 0, 3}, acks(reqs))
+	outcome := reqs[3].GetPreviousOutcome()
+	require.NotNil(t, outcome, "the refusal is reported in the next scrape's first pull")
+	assert.Equal(t, uint64(3), outcome.GetLastSequence())
+	assert.Equal(t, int64(6), outcome.GetRejectedDataPoints())
+	assert.Nil(t, reqs[4].GetPreviousOutcome(), "reported once")
+	assert.Zero(t, fake.Held())
 }
 
 // TestRemoteAckOnlyAfterPipelineAccepted drives the real scraper controller: the pipeline refuses
@@ -139,6 +242,7 @@ func TestRemoteAckOnlyAfterPipelineAccepted(t *testing.T) {
 	reqs := fake.Requests()
 	require.Len(t, reqs, 4)
 	assert.Equal(t, []uint64{0, 0, 2, 3}, acks(reqs))
+	assert.Equal(t, []uint64{0, 0, 2, 0}, readAfters(reqs), "the refused batches are read again from the cursor")
 	assert.True(t, reqs[3].GetAckOnly(), "b3's acknowledgement is sent at shutdown")
 	outcome := reqs[1].GetPreviousOutcome()
 	require.NotNil(t, outcome)
@@ -187,8 +291,10 @@ func TestRemoteEpochChangeResetsCursor(t *testing.T) {
 	require.Len(t, reqs, 3)
 	assert.Equal(t, "epoch-1", reqs[1].GetAckEpoch(), "the first pull after the restart still acknowledges the old epoch")
 	assert.Equal(t, uint64(1), reqs[1].GetAckSequence())
+	assert.Equal(t, uint64(1), reqs[1].GetReadAfterSequence(), "ignored by the restarted sidecar: it answered from sequence 1")
 	assert.Equal(t, "epoch-2", reqs[2].GetAckEpoch())
 	assert.Equal(t, uint64(1), reqs[2].GetAckSequence())
+	assert.Equal(t, uint64(1), reqs[2].GetReadAfterSequence())
 	restarts := env.logs.FilterMessageSnippet("sidecar restarted")
 	require.Equal(t, 1, restarts.Len())
 	assert.Equal(t, "epoch-1", restarts.All()[0].ContextMap()["old_epoch"])
@@ -211,44 +317,39 @@ func TestRemoteReportsDrops(t *testing.T) {
 	assert.Equal(t, int64(7), env.counter(t, "otelcol_gpumetrics_sidecar_dropped_data_points"))
 }
 
-// TestRemoteSidecarServingFromAck covers a sidecar that always serves from the acknowledged
-// cursor (as the Python store does): a scrape stops at the first replay, so nothing is handed to
-// the pipeline twice, and later scrapes in that epoch pull once.
-func TestRemoteSidecarServingFromAck(t *testing.T) {
-	fake := fakesidecar.New(fakesidecar.Options{ReplayFromAck: true})
-	appendBatches(fake, 3, 1)
-	s := newScraper(t, newTestEnv(t), remoteConfig(serveTCP(t, fake)))
+// TestRemoteRestartBetweenTwoPulls: the sidecar restarts between two pulls of one scrape. Both
+// epochs' data reach the pipeline; only the new epoch's is acknowledged, and the stale read
+// position is ignored by the new store.
+func TestRemoteRestartBetweenTwoPulls(t *testing.T) {
+	var (
+		fake  *fakesidecar.Server
+		pulls atomic.Int32
+	)
+	fake = fakesidecar.New(fakesidecar.Options{Epoch: "epoch-1", MaxBatchesPerPull: 1, OnPull: func(context.Context) {
+		if pulls.Add(1) == 2 {
+			fake.Restart("epoch-2")
+			fake.Append(fakesidecar.Gauge("after-restart", 1))
+		}
+	}})
+	appendBatches(fake, 2, 1)
+	env := newTestEnv(t)
+	s := newScraper(t, env, remoteConfig(serveTCP(t, fake)))
 	next := newScriptedConsumer()
-	for range 3 {
-		scrapeErr, consumeErr := cycle(s, next)
-		require.NoError(t, scrapeErr)
-		require.NoError(t, consumeErr)
-	}
-	assert.Equal(t, []string{"b1", "b2", "b3"}, next.batchLabels())
-	assert.Equal(t, []uint64{0, 0, 1, 2}, acks(fake.Requests()), "one replayed pull, then one pull per scrape")
-}
 
-// TestRemoteBacklogDrainsAtPipelinePace runs the real controller with its regular tick an hour
-// away: every scrape after the first is started early, because the pipeline accepted a delivery
-// after which the sidecar said more batches wait.
-func TestRemoteBacklogDrainsAtPipelinePace(t *testing.T) {
-	fake := fakesidecar.New(fakesidecar.Options{ReplayFromAck: true})
-	appendBatches(fake, 3, 1)
-	cfg := remoteConfig(serveTCP(t, fake))
-	cfg.CollectionInterval = time.Hour
-	next := newScriptedConsumer()
-	rcv, err := newMetricsReceiver(newTestEnv(t).set, cfg, next)
-	require.NoError(t, err)
-	require.NoError(t, rcv.Start(context.Background(), componenttest.NewNopHost()))
-	for range 3 {
-		next.waitCall(t)
-	}
-	require.NoError(t, rcv.Shutdown(context.Background()))
+	scrapeErr, consumeErr := cycle(s, next)
+	require.NoError(t, scrapeErr)
+	require.NoError(t, consumeErr)
+	_, _ = cycle(s, next)
 
-	assert.Equal(t, []string{"b1", "b2", "b3"}, next.batchLabels())
+	assert.Equal(t, []string{"b1", "after-restart"}, next.batchLabels())
 	reqs := fake.Requests()
-	assert.Equal(t, []uint64{0, 0, 1, 2, 3}, acks(reqs))
-	assert.True(t, reqs[4].GetAckOnly(), "the last acknowledgement is sent at shutdown")
+	require.Len(t, reqs, 3)
+	assert.Equal(t, "epoch-1", reqs[1].GetAckEpoch())
+	assert.Equal(t, uint64(1), reqs[1].GetReadAfterSequence(), "stale: ignored by the new store")
+	assert.Equal(t, "epoch-2", reqs[2].GetAckEpoch())
+	assert.Equal(t, uint64(1), reqs[2].GetAckSequence(), "the new epoch's batch is acknowledged")
+	assert.Equal(t, uint64(1), fake.Acked("gpumetrics/test"))
+	assert.Equal(t, 1, env.logs.FilterMessageSnippet("sidecar restarted").Len())
 }
 
 func TestRemotePullFailsMidScrape(t *testing.T) {
@@ -267,7 +368,10 @@ func TestRemotePullFailsMidScrape(t *testing.T) {
 	scrapeErr, _ = cycle(s, next)
 	require.NoError(t, scrapeErr)
 	assert.Equal(t, []string{"b1", "b2"}, next.batchLabels())
-	assert.Equal(t, uint64(1), fake.Requests()[2].GetAckSequence())
+	reqs := fake.Requests()
+	require.Len(t, reqs, 3)
+	assert.Equal(t, []uint64{0, 1, 1}, readAfters(reqs))
+	assert.Equal(t, []uint64{0, 0, 1}, acks(reqs), "b1 was accepted: acknowledged, read after")
 }
 
 func TestRemoteSidecarDownThenUp(t *testing.T) {

@@ -46,11 +46,9 @@ type pullScraper struct {
 	connect func(ctx context.Context) (sidecar.Conn, error)
 
 	// stopped is cancelled when the receiver shuts down, ending an in-flight scrape at once
-	// (the controller waits for it before it calls shutdown) and the scheduler.
+	// (the controller waits for it before it calls shutdown).
 	stopped    context.Context
 	stopScrape context.CancelFunc
-	schedule   *scheduler
-	scheduling sync.WaitGroup
 
 	mu   sync.Mutex
 	conn sidecar.Conn
@@ -63,7 +61,6 @@ func newPullScraper(set receiver.Settings, cfg *Config) (*pullScraper, error) {
 	}
 	s := &pullScraper{cfg: cfg, logger: set.Logger, telemetry: tb, consumer: cfg.Consumer}
 	s.stopped, s.stopScrape = context.WithCancel(context.Background())
-	s.schedule = newScheduler(cfg.CollectionInterval, cfg.MaxPullsPerScrape)
 	if s.consumer == "" {
 		s.consumer = set.ID.String()
 	}
@@ -131,7 +128,6 @@ func (s *pullScraper) start(ctx context.Context, _ component.Host) error {
 	s.mu.Lock()
 	s.conn = conn
 	s.mu.Unlock()
-	s.scheduling.Go(func() { s.schedule.run(s.stopped) })
 	return nil
 }
 
@@ -139,7 +135,6 @@ func (s *pullScraper) start(ctx context.Context, _ component.Host) error {
 // connection, which stops a subprocess sidecar. It is safe without start.
 func (s *pullScraper) shutdown(ctx context.Context) error {
 	s.stopScrape()
-	s.scheduling.Wait()
 	s.mu.Lock()
 	conn := s.conn
 	s.conn = nil
@@ -158,7 +153,7 @@ func (s *pullScraper) sendFinalAck(ctx context.Context, conn sidecar.Conn) {
 	defer cancel()
 	ctx, err := s.withToken(ctx)
 	if err == nil {
-		req := s.cursor.request(s.consumer, 0, 0, true)
+		req := s.cursor.request(s.consumer, 0, 0, 0, true)
 		var resp *gpumetricsv1.PullResponse
 		if resp, err = conn.Pull(ctx, req); err == nil {
 			s.cursor.delivered(req)
@@ -230,10 +225,13 @@ func (s *pullScraper) dropIfLost(conn sidecar.Conn) {
 	}
 }
 
-// scrape pulls until the sidecar says there is no more (at most max_pulls_per_scrape pulls) and
-// returns the batches as one pmetric.Metrics. What it returns is recorded as pending and settled
-// by ackingConsumer once the pipeline answered. A Pull that fails after earlier ones succeeded
-// gives a partial scrape error, so the data already pulled still reaches the pipeline.
+// scrape reads the sidecar's backlog and returns it as one pmetric.Metrics. It starts reading
+// right after what the pipeline accepted (so batches the pipeline refused are read again) and
+// pulls with read_after_sequence advancing through the answers until the sidecar says there is
+// no more, at most max_pulls_per_scrape times; nothing is acknowledged meanwhile. What it returns
+// is recorded as pending and settled by ackingConsumer once the pipeline answered. A Pull that
+// fails after earlier ones succeeded gives a partial scrape error, so the data already pulled
+// still reaches the pipeline.
 func (s *pullScraper) scrape(ctx context.Context) (pmetric.Metrics, error) {
 	md := pmetric.NewMetrics()
 	ctx, cancel := context.WithCancel(ctx)
@@ -251,9 +249,11 @@ func (s *pullScraper) scrape(ctx context.Context) (pmetric.Metrics, error) {
 		d        *delivery // what this scrape collected so far
 		decodeEs []error
 		pullErr  error
+		more     bool
 	)
+	readAfter := s.cursor.readStart()
 	for range s.cfg.MaxPullsPerScrape {
-		req := s.cursor.request(s.consumer, s.cfg.MaxDataPointsPerPull, s.cfg.MaxBytesPerPull, false)
+		req := s.cursor.request(s.consumer, readAfter, s.cfg.MaxDataPointsPerPull, s.cfg.MaxBytesPerPull, false)
 		resp, err := conn.Pull(ctx, req)
 		if err != nil {
 			pullErr = fmt.Errorf("pull from the gpumetrics sidecar: %w", err)
@@ -270,36 +270,28 @@ func (s *pullScraper) scrape(ctx context.Context) (pmetric.Metrics, error) {
 		if d != nil && d.epoch != resp.GetEpoch() {
 			// Restarted between two pulls of this scrape: the older data is still handed on,
 			// but only the new epoch can be acknowledged.
-			d = &delivery{epoch: resp.GetEpoch(), points: d.points, rejected: d.rejected, rejectReason: d.rejectReason}
+			d = &delivery{epoch: resp.GetEpoch(), rejected: d.rejected, rejectReason: d.rejectReason}
 		}
-		if resp.GetLastSequence() == 0 && len(resp.GetExportMetricsServiceRequest()) == 0 {
-			break // nothing new
-		}
-		if d != nil && d.lastSequence != 0 && resp.GetFirstSequence() <= d.lastSequence {
-			// This sidecar serves from the acknowledged cursor: it replays what this scrape
-			// already holds until the pipeline accepted it. Stop here (the scheduler starts the
-			// next scrape once the pipeline accepted) and pull once per scrape in this epoch.
-			s.logger.Debug("Sidecar serves from the acknowledged cursor; one pull per scrape from now on",
-				zap.Uint64("first_sequence", resp.GetFirstSequence()), zap.Uint64("held_up_to", d.lastSequence))
-			s.cursor.setServesFromAck()
-			d.more = true
-			break
+		more = resp.GetMore()
+		if resp.GetLastSequence() == 0 {
+			break // nothing after the read position
 		}
 		if d == nil {
 			d = &delivery{epoch: resp.GetEpoch()}
 		}
 		d.lastSequence = resp.GetLastSequence()
-		if s.cursor.alreadyAccepted(resp.GetEpoch(), resp.GetLastSequence()) {
-			s.logger.Debug("Sidecar re-sent batches the pipeline already accepted; skipped",
-				zap.Uint64("last_sequence", resp.GetLastSequence()))
-		} else if err := appendOTLP(md, resp.GetExportMetricsServiceRequest()); err != nil {
+		readAfter = resp.GetLastSequence()
+		if err := appendOTLP(md, resp.GetExportMetricsServiceRequest()); err != nil {
 			decodeEs = append(decodeEs, fmt.Errorf("batches %d..%d: %w", resp.GetFirstSequence(), resp.GetLastSequence(), err))
 			d.rejected += int64(resp.GetDataPoints())
 		}
-		d.more = resp.GetMore()
-		if !d.more || s.cursor.servesFromAck() {
+		if !more {
 			break
 		}
+	}
+	if pullErr == nil && more {
+		s.logger.Debug("Backlog left for the next scrape after max_pulls_per_scrape pulls",
+			zap.Int("max_pulls_per_scrape", s.cfg.MaxPullsPerScrape), zap.Uint64("read_up_to", readAfter))
 	}
 	if d != nil {
 		d.points = int64(md.DataPointCount())

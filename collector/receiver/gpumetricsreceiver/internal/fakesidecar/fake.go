@@ -1,17 +1,21 @@
 // Package fakesidecar is an in-memory gpumetrics.v1.MetricsPullService for the receiver's tests
-// and its test plugin. It is not a model of the Python sidecar's store; it implements the pull
-// contract of proto/gpumetrics/v1/pull.proto as the receiver expects it:
+// and its test plugin. It follows the pull rules of the Python sidecar's BatchStore and servicer
+// (docs/protocol.md, receiver/gpumetrics/store/batchstore.py):
 //
-//   - batches are numbered from 1 within an epoch; each consumer has a delivered cursor and an
-//     acknowledged cursor;
-//   - a Pull first applies ack_sequence when ack_epoch is the current epoch; it then rewinds the
-//     delivered cursor to the acknowledged one when the ack_epoch is not current (a new consumer,
-//     or one that saw an older epoch) or when previous_outcome reports rejected data points (the
-//     consumer's pipeline refused them: re-deliver);
-//   - the response carries up to MaxBatchesPerPull batches after the delivered cursor, at least
-//     one, and `more` when others wait;
-//   - with ReplayFromAck, the delivered cursor is always rewound to the acknowledged one, which
-//     is the other reading of the contract ("the cursor is the acknowledgement").
+//   - batches are numbered from 1 within an epoch and stored serialized, as
+//     ExportMetricsServiceRequest bytes; an answer is their byte-wise concatenation;
+//   - each consumer ("" is "default") has an acknowledged cursor and the highest sequence sent to
+//     it; it is registered by its first Pull with its cursor just before the oldest batch held;
+//   - a Pull first applies ack_sequence when ack_epoch is the current epoch (never backwards,
+//     clamped to the highest sequence sent), releases the batches every consumer acknowledged,
+//     then answers with the batches after the read position max(read_after_sequence, cursor)
+//     (read_after_sequence is ignored when ack_epoch is not the current epoch), oldest first, as
+//     many as fit max_data_points, max_bytes and Options.MaxBatchesPerPull (the first always);
+//     `more` says batches wait after the last one sent (after the read position when none was);
+//     ack_only answers no data;
+//   - a Pull before the first batch of an epoch fails with UNAVAILABLE.
+//
+// Not modelled: the store's limits and consumer expiry. Drop injects a drop report instead.
 package fakesidecar
 
 import (
@@ -29,28 +33,32 @@ import (
 	gpumetricsv1 "github.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1"
 )
 
+// defaultConsumer is the consumer name of a Pull that names none (as in the Python store).
+const defaultConsumer = "default"
+
 // Options configure a Server.
 type Options struct {
 	// Epoch is the first store epoch ("epoch-1" when empty).
 	Epoch string
 	// Token, when set, is required as "authorization: Bearer <Token>" on every Pull.
 	Token string
-	// MaxBatchesPerPull bounds the batches in one response (1 when 0).
+	// MaxBatchesPerPull bounds the batches in one response (0 = no bound besides the request's
+	// max_data_points and max_bytes), standing in for the sidecar's default answer size.
 	MaxBatchesPerPull int
-	// ReplayFromAck serves every Pull from the acknowledged cursor.
-	ReplayFromAck bool
 	// OnPull, when set, is called at the start of every Pull (before authorization) with the
 	// call's context; a test can block there to hold a Pull in flight.
 	OnPull func(ctx context.Context)
 }
 
 type batch struct {
-	seq uint64
-	md  pmetric.Metrics
+	seq    uint64
+	data   []byte // a serialized ExportMetricsServiceRequest
+	points uint64
 }
 
 type consumerState struct {
-	acked, delivered uint64
+	acked, sent  uint64
+	droppedTotal uint64
 }
 
 // Server is the fake MetricsPullService. Safe for concurrent use.
@@ -61,7 +69,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	epoch     string
-	next      uint64
+	last      uint64 // sequence of the newest batch appended in epoch
 	batches   []batch
 	consumers map[string]*consumerState
 	drops     []drop
@@ -79,22 +87,21 @@ func New(opts Options) *Server {
 	if opts.Epoch == "" {
 		opts.Epoch = "epoch-1"
 	}
-	if opts.MaxBatchesPerPull <= 0 {
-		opts.MaxBatchesPerPull = 1
-	}
-	return &Server{opts: opts, epoch: opts.Epoch, next: 1, consumers: map[string]*consumerState{}}
+	return &Server{opts: opts, epoch: opts.Epoch, consumers: map[string]*consumerState{}}
 }
 
-// Append stores md as the next batch and returns its sequence.
+// Append stores md as the next batch and returns its sequence. It panics if md cannot be
+// serialized (test data only).
 func (s *Server) Append(md pmetric.Metrics) uint64 {
+	data, err := pmetricotlp.NewExportRequestFromMetrics(md).MarshalProto()
+	if err != nil {
+		panic(fmt.Sprintf("fakesidecar: marshal: %v", err))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	cp := pmetric.NewMetrics()
-	md.CopyTo(cp)
-	seq := s.next
-	s.next++
-	s.batches = append(s.batches, batch{seq: seq, md: cp})
-	return seq
+	s.last++
+	s.batches = append(s.batches, batch{seq: s.last, data: data, points: uint64(md.DataPointCount())}) //nolint:gosec // never negative
+	return s.last
 }
 
 // Drop makes the next Pull announce points dropped for reason.
@@ -119,7 +126,7 @@ func (s *Server) FailRequest(n int, err error) {
 func (s *Server) Restart(epoch string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.epoch, s.next, s.batches = epoch, 1, nil
+	s.epoch, s.last, s.batches = epoch, 0, nil
 	s.consumers = map[string]*consumerState{}
 }
 
@@ -144,6 +151,13 @@ func (s *Server) Acked(consumer string) uint64 {
 	return 0
 }
 
+// Held returns the number of batches held (appended, not yet released).
+func (s *Server) Held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.batches)
+}
+
 // Pull implements gpumetrics.v1.MetricsPullService/Pull.
 func (s *Server) Pull(ctx context.Context, req *gpumetricsv1.PullRequest) (*gpumetricsv1.PullResponse, error) {
 	if s.opts.OnPull != nil {
@@ -158,56 +172,87 @@ func (s *Server) Pull(ctx context.Context, req *gpumetricsv1.PullRequest) (*gpum
 	if err, ok := s.failures[len(s.requests)]; ok {
 		return nil, err
 	}
-	c := s.consumers[req.GetConsumer()]
-	if c == nil {
-		c = &consumerState{}
-		s.consumers[req.GetConsumer()] = c
+	if s.last == 0 {
+		return nil, status.Error(codes.Unavailable, "no collection has been stored yet; retry later")
 	}
+	c := s.consumer(req.GetConsumer())
 	current := req.GetAckEpoch() == s.epoch
 	if current && req.GetAckSequence() > c.acked {
-		c.acked = min(req.GetAckSequence(), c.delivered)
+		c.acked = max(c.acked, min(req.GetAckSequence(), c.sent))
+		s.release()
 	}
-	if !current || req.GetPreviousOutcome().GetRejectedDataPoints() > 0 || s.opts.ReplayFromAck {
-		c.delivered = c.acked
+	position := c.acked
+	if current {
+		position = max(position, req.GetReadAfterSequence())
 	}
 	resp := &gpumetricsv1.PullResponse{Epoch: s.epoch}
 	for _, d := range s.drops {
 		resp.DroppedDataPoints += d.points
 		resp.DropReasons = append(resp.DropReasons, d.reason)
 	}
-	resp.DroppedDataPointsTotal = resp.DroppedDataPoints
 	s.drops = nil
-	if req.GetAckOnly() {
-		return resp, nil
+	c.droppedTotal += resp.DroppedDataPoints
+	resp.DroppedDataPointsTotal = c.droppedTotal
+	if !req.GetAckOnly() {
+		s.answer(req, position, resp)
+		c.sent = max(c.sent, resp.LastSequence)
 	}
-	merged := pmetric.NewMetrics()
+	tail := max(resp.LastSequence, position)
+	resp.More = len(s.batches) > 0 && s.batches[len(s.batches)-1].seq > tail
+	return resp, nil
+}
+
+// consumer returns name's state, registering it just before the oldest batch held.
+func (s *Server) consumer(name string) *consumerState {
+	if name == "" {
+		name = defaultConsumer
+	}
+	c := s.consumers[name]
+	if c == nil {
+		base := s.last
+		if len(s.batches) > 0 {
+			base = s.batches[0].seq - 1
+		}
+		c = &consumerState{acked: base, sent: base}
+		s.consumers[name] = c
+	}
+	return c
+}
+
+// release forgets the batches every consumer acknowledged.
+func (s *Server) release() {
+	floor := s.last
+	for _, c := range s.consumers {
+		floor = min(floor, c.acked)
+	}
+	for len(s.batches) > 0 && s.batches[0].seq <= floor {
+		s.batches = s.batches[1:]
+	}
+}
+
+// answer fills resp with the batches after position that fit the request's caps.
+func (s *Server) answer(req *gpumetricsv1.PullRequest, position uint64, resp *gpumetricsv1.PullResponse) {
+	var size uint64
 	for _, b := range s.batches {
-		if b.seq <= c.delivered {
+		if b.seq <= position {
 			continue
 		}
-		if resp.LastSequence != 0 && int(resp.LastSequence-resp.FirstSequence)+1 >= s.opts.MaxBatchesPerPull {
-			resp.More = true
-			break
+		if resp.LastSequence != 0 {
+			full := s.opts.MaxBatchesPerPull > 0 && resp.LastSequence-resp.FirstSequence+1 >= uint64(s.opts.MaxBatchesPerPull)
+			full = full || (req.GetMaxDataPoints() > 0 && resp.DataPoints+b.points > uint64(req.GetMaxDataPoints()))
+			full = full || (req.GetMaxBytes() > 0 && size+uint64(len(b.data)) > req.GetMaxBytes())
+			if full {
+				break
+			}
 		}
 		if resp.FirstSequence == 0 {
 			resp.FirstSequence = b.seq
 		}
 		resp.LastSequence = b.seq
-		cp := pmetric.NewMetrics()
-		b.md.CopyTo(cp)
-		cp.ResourceMetrics().MoveAndAppendTo(merged.ResourceMetrics())
+		resp.DataPoints += b.points
+		size += uint64(len(b.data))
+		resp.ExportMetricsServiceRequest = append(resp.ExportMetricsServiceRequest, b.data...)
 	}
-	if resp.LastSequence == 0 {
-		return resp, nil
-	}
-	c.delivered = resp.LastSequence
-	resp.DataPoints = uint64(merged.DataPointCount()) //nolint:gosec // never negative
-	b, err := pmetricotlp.NewExportRequestFromMetrics(merged).MarshalProto()
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "marshal: %v", err)
-	}
-	resp.ExportMetricsServiceRequest = b
-	return resp, nil
 }
 
 func (s *Server) authorize(ctx context.Context) error {
