@@ -1,0 +1,150 @@
+"""Every Collector configuration in collector-config/ and the sample sidecar configuration load.
+
+Always: YAML without duplicate keys, a `gpumetrics` receiver in exactly one mode, pipelines that
+name only defined components, every `${env:NAME}` without a default known to this test, and what
+the end-to-end tests rely on in the e2e-*.yaml files. With the built distribution
+($OTELCOL_GPUMETRICS, set by scripts/test.sh after building it): `otelcol-gpumetrics validate`
+on each file, which runs the receiver's own Config.Validate.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from gpumetrics.config.load import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG_DIR = REPO / "collector-config"
+CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
+SAMPLE_SIDECAR_CONFIG = REPO / "examples" / "gpumetrics.yaml"
+OTELCOL_ENV = "OTELCOL_GPUMETRICS"
+
+SECTIONS = ("receivers", "processors", "exporters", "connectors", "extensions")
+ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(:-[^}]*)?\}")
+
+
+def placeholders(tmp: Path) -> dict[str, str]:
+    """Values for every variable a file requires (no default), shaped as the file expects."""
+    return {
+        "SIDECAR_COMMAND": str(Path(sys.executable).parent / "gpumetrics"),
+        "SIDECAR_SIMULATE": "h100-sxm",
+        "SIDECAR_PROFILER_SOCKET": str(tmp / "profiler.sock"),
+        "SIDECAR_ENDPOINT": f"unix://{tmp / 'gm.sock'}",
+        "E2E_OUTPUT": str(tmp / "metrics.jsonl"),
+    }
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key repeated in one mapping (PyYAML keeps the last one)."""
+
+
+def _construct_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load(path: Path) -> dict[str, Any]:
+    data = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # noqa: S506 (safe subclass)
+    assert isinstance(data, dict), f"{path.name}: not a mapping"
+    return data
+
+
+def test_collector_configs_exist() -> None:
+    names = {p.name for p in CONFIGS}
+    assert {"subprocess.yaml", "remote.yaml", "e2e-subprocess.yaml", "e2e-remote.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_structure(path: Path) -> None:
+    config = load(path)
+    unknown = set(config) - {*SECTIONS, "service"}
+    assert not unknown, f"{path.name}: unknown top-level keys {unknown}"
+
+    receiver = config["receivers"]["gpumetrics"]
+    modes = [key for key in ("command", "endpoint") if receiver.get(key)]
+    assert len(modes) == 1, f"{path.name}: receivers.gpumetrics needs command or endpoint: {modes}"
+    if "command" in receiver:
+        assert receiver["args"][0] == "serve", f"{path.name}: args must start with serve"
+        assert "--plugin" in receiver["args"], f"{path.name}: args should require go-plugin mode"
+
+    service = config["service"]
+    for name, pipeline in service["pipelines"].items():
+        assert name.split("/")[0] in ("metrics",), f"{path.name}: pipeline {name}"
+        for section in ("receivers", "processors", "exporters"):
+            for component in pipeline.get(section, []):
+                assert component in config.get(section, {}), (
+                    f"{path.name}: service.pipelines.{name}.{section}: {component} not defined"
+                )
+    for component in service.get("extensions", []):
+        assert component in config.get("extensions", {}), f"{path.name}: extension {component}"
+    used = {
+        c
+        for p in service["pipelines"].values()
+        for s in ("receivers", "processors", "exporters")
+        for c in p.get(s, [])
+    } | set(service.get("extensions", []))
+    for section in SECTIONS:
+        for component in config.get(section, {}):
+            assert component in used, f"{path.name}: {section}.{component} is defined, not used"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_required_variables_are_known(path: Path, tmp_path: Path) -> None:
+    known = placeholders(tmp_path)
+    required = {m.group(1) for m in ENV_REF.finditer(path.read_text()) if m.group(2) is None}
+    assert required <= set(known), (
+        f"{path.name} requires {sorted(required - set(known))}: add a placeholder to this test"
+    )
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in CONFIGS if p.name.startswith("e2e-")], ids=lambda p: p.name
+)
+def test_e2e_configs_give_what_the_tests_read(path: Path) -> None:
+    config = load(path)
+    file_exporter = config["exporters"]["file"]
+    assert file_exporter.get("format", "json") == "json"
+    assert "compression" not in file_exporter  # compressed records are length-prefixed
+    assert config["service"]["telemetry"]["metrics"]["level"] == "none"
+    assert config["service"]["telemetry"]["logs"]["encoding"] == "json"
+    assert config["service"]["telemetry"]["logs"]["level"] == "debug"  # go-plugin's messages
+
+
+def test_sample_sidecar_config_loads() -> None:
+    config = load_config(str(SAMPLE_SIDECAR_CONFIG), environ={})
+    assert config.server.listen  # something that the file sets
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_otelcol_validate(path: Path, tmp_path: Path) -> None:
+    binary = os.environ.get(OTELCOL_ENV)
+    if not binary:
+        pytest.skip(f"${OTELCOL_ENV} is not set (scripts/test.sh sets it after building)")
+    env = {k: v for k, v in os.environ.items() if k not in placeholders(tmp_path)}
+    env.update(placeholders(tmp_path))
+    done = subprocess.run(
+        [binary, "validate", f"--config={path}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 0, f"{path.name}: {done.stderr[-3000:]}"
