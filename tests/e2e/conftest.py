@@ -1,0 +1,27 @@
+"""Fixtures of the end-to-end tests: the Collector binary and stand-in GPU processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .harness import GpuProcess, otelcol_binary
+
+
+@pytest.fixture(scope="session")
+def otelcol() -> Path:
+    """The otelcol-gpumetrics binary (built once per session, cached across sessions)."""
+    return otelcol_binary()
+
+
+@pytest.fixture
+def gpu_processes() -> Iterator[tuple[GpuProcess, GpuProcess]]:
+    """Two real local processes for the simulated GPUs: (declared, undeclared)."""
+    declared, other = GpuProcess(), GpuProcess()
+    try:
+        yield declared, other
+    finally:
+        declared.close()
+        other.close()

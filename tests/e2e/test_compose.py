@@ -1,0 +1,172 @@
+"""docker-compose.yaml cannot run here (no Docker engine), so this runs what it runs: the sidecar
+and the Collector with the commands, environment and configuration files the compose file and
+the Dockerfiles give them, as plain processes (tests/e2e/compose.py maps paths and ports), then
+checks what the demo shows: the sidecar's compose healthcheck passes, every Prometheus target of
+compose/prometheus.yml serves, the simulated profile's GPUs appear in the Collector's Prometheus
+exporter, and every metric the Grafana dashboard queries exists (docs/e2e.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from gpumetrics.nvml import sim
+
+from .compose import HostMapping, compose_cli, compose_config, service_run
+from .harness import Proc, clean_environ, gpumetrics_command, procs, wait_for
+
+pytestmark = pytest.mark.e2e
+
+TIMEOUT_S = 90.0
+# Metric names in dashboard queries start with one of these (the OTLP names, translated).
+METRIC_PREFIXES = "(?:hw|nvidia|gpumetrics|otelcol)"
+
+
+@pytest.fixture
+def volume_root() -> Iterator[Path]:
+    """A short directory for the compose volumes (unix socket paths must stay < 108 bytes)."""
+    root = Path(tempfile.mkdtemp(prefix="gm-compose-"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def http_get(url: str) -> str | None:
+    """The body of a 200 answer, else None (not up yet)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 (loopback)
+            if response.status == 200:
+                return str(response.read().decode())
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+    return None
+
+
+def series(exposition: str, metric: str) -> list[str]:
+    """Sample lines of ``metric`` in a Prometheus text exposition."""
+    return [
+        line
+        for line in exposition.splitlines()
+        if line.startswith(metric + "{") or line.startswith(metric + " ")
+    ]
+
+
+def bind_source(service: dict[str, Any], target: str) -> Path:
+    for volume in service.get("volumes", []):
+        if volume["type"] == "bind" and volume["target"] == target:
+            return Path(volume["source"])
+    raise AssertionError(f"no bind mount at {target}")
+
+
+def test_compose_services_run_as_plain_processes(
+    otelcol: Path, tmp_path: Path, volume_root: Path
+) -> None:
+    config = compose_config(compose_cli())
+    assert {"gpumetrics", "otelcol", "prometheus", "grafana"} <= set(config["services"]), (
+        "the default profile (.env: COMPOSE_PROFILES=simulated) must start the simulated sidecar"
+    )
+    mapping = HostMapping(volume_root, set(config["services"]))
+    sidecar = service_run(config, "gpumetrics", mapping)
+    collector = service_run(config, "otelcol", mapping)
+
+    assert sidecar.argv[0] == "gpumetrics", sidecar.argv
+    assert Path(collector.argv[0]).name == "otelcol-gpumetrics", collector.argv
+    profile = sidecar.argv[sidecar.argv.index("--simulate") + 1]
+    uuids = {d.uuid for d in sim.load_scenario(profile).devices}
+
+    sidecar_argv = [str(gpumetrics_command())] + [mapping.rewrite(a) for a in sidecar.argv[1:]]
+    collector_argv = [str(otelcol)] + [mapping.rewrite(a) for a in collector.argv[1:]]
+    assert sidecar.healthcheck is not None and sidecar.healthcheck[0] == "python"
+    health_argv = [sys.executable] + [mapping.rewrite(a) for a in sidecar.healthcheck[1:]]
+
+    prometheus = config["services"]["prometheus"]
+    scrape = yaml.safe_load(bind_source(prometheus, "/etc/prometheus/prometheus.yml").read_text())
+    targets = {
+        job["job_name"]: [mapping.rewrite(t) for sc in job["static_configs"] for t in sc["targets"]]
+        for job in scrape["scrape_configs"]
+    }
+    health_url = f"http://{mapping.rewrite_env(collector.env)['HEALTH_CHECK_ENDPOINT']}/"
+
+    with procs() as started:
+        side = Proc(
+            "sidecar",
+            sidecar_argv,
+            clean_environ(mapping.rewrite_env(sidecar.env)),
+            tmp_path / "sidecar.log",
+        )
+        started.append(side)
+
+        def healthy() -> bool:
+            return subprocess.run(health_argv, capture_output=True, timeout=30).returncode == 0
+
+        wait_for(healthy, TIMEOUT_S, "the sidecar's compose healthcheck to pass", side.log_tail)
+
+        col = Proc(
+            "otelcol",
+            collector_argv,
+            clean_environ(mapping.rewrite_env(collector.env)),
+            tmp_path / "otelcol.log",
+        )
+        started.append(col)
+
+        def gpus_exported() -> str | None:
+            body = http_get(f"http://{targets['gpumetrics'][0]}/metrics")
+            if body is None:
+                return None
+            seen = set(
+                re.findall(r'hw_id="([^"]+)"', "\n".join(series(body, "hw_gpu_utilization_ratio")))
+            )
+            return body if seen == uuids else None
+
+        exposition = wait_for(
+            gpus_exported,
+            TIMEOUT_S,
+            f"hw_gpu_utilization_ratio for the {len(uuids)} GPUs of {profile}",
+            lambda: side.log_tail() + "\n" + col.log_tail(),
+        )
+        for job, urls in targets.items():
+            for target in urls:
+                assert http_get(f"http://{target}/metrics") is not None, f"{job}: {target}"
+        own = http_get(f"http://{targets['otelcol'][0]}/metrics") or ""
+        assert series(own, "otelcol_receiver_accepted_metric_points"), "no Collector metrics"
+        assert http_get(health_url) is not None, f"health_check at {health_url}"
+
+        assert col.stop(timeout_s=20) == 0, col.log_tail()
+        assert side.stop(timeout_s=20) == 0, side.log_tail()
+
+    assert_dashboard_metrics_exist(config, exposition)
+
+
+def assert_dashboard_metrics_exist(config: dict[str, Any], exposition: str) -> None:
+    """Every metric a Grafana panel queries is in the Collector's exposition, with a series
+    matching the query's equality label matchers."""
+    dashboards = bind_source(config["services"]["grafana"], "/var/lib/grafana/dashboards")
+    files = sorted(dashboards.glob("*.json"))
+    assert files, f"no dashboard in {dashboards}"
+    for path in files:
+        dashboard = json.loads(path.read_text())
+        exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+        assert exprs, f"{path.name}: no queries"
+        for expr in exprs:
+            selectors = re.findall(rf"\b({METRIC_PREFIXES}_\w+)(?:\{{([^}}]*)\}})?", expr)
+            assert selectors, f"{path.name}: no metric in {expr!r}"
+            for name, matchers in selectors:
+                wanted = re.findall(r'(\w+)="([^"]*)"', matchers)
+                lines = [
+                    line
+                    for line in series(exposition, name)
+                    if all(f'{k}="{v}"' in line for k, v in wanted)
+                ]
+                assert lines, f"{path.name}: no series {name}{{{matchers}}} is exported"

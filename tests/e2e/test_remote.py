@@ -1,0 +1,149 @@
+"""End-to-end, remote mode: the sidecar runs as its own process on a unix socket, the real
+Collector attaches to it (collector-config/e2e-remote.yaml); then the sidecar is restarted
+mid-run on the same address and the data resumes under the new store epoch, with no error loop
+and no duplicated points (docs/e2e.md)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from . import checks
+from .harness import (
+    CONFIG_DIR,
+    Proc,
+    clean_environ,
+    declare,
+    gpumetrics_command,
+    log_records,
+    procs,
+    wait_for,
+)
+from .otlp import flatten, read_requests
+from .scenario import GPU_UUIDS, write_scenario
+
+pytestmark = pytest.mark.e2e
+
+DATA_TIMEOUT_S = 90.0
+SCRAPES = 3
+# Scrapes that may fail while the two sidecars start (see assert_epoch_change_handled).
+MAX_FAILED_SCRAPES = 4
+RESTARTED = "The gpumetrics sidecar restarted (new store epoch); acknowledgement cursor reset"
+
+
+def test_remote_mode_with_sidecar_restart(otelcol: Path, tmp_path: Path, gpu_processes) -> None:
+    declared, other = gpu_processes
+    scenario = write_scenario(tmp_path / "scenario.yaml", declared.pid, other.pid)
+    output = tmp_path / "metrics.jsonl"
+    address = f"unix:{tmp_path / 'gm.sock'}"
+    sidecar_argv = [
+        gpumetrics_command(),
+        "serve",
+        "--simulate",
+        scenario,
+        "--listen",
+        address,
+        "--batch-interval",
+        "1",
+        "--node-name",
+        checks.NODE_NAME,
+    ]
+    env = clean_environ({"SIDECAR_ENDPOINT": address, "E2E_OUTPUT": str(output)})
+
+    def declared_exports_since(first_request: int) -> int:
+        return checks.count_declared_requests(read_requests(output)[first_request:], declared.pid)
+
+    with procs() as started:
+        sidecar = Proc("sidecar-1", sidecar_argv, clean_environ(), tmp_path / "sidecar-1.log")
+        started.append(sidecar)
+        collector = Proc(
+            "otelcol",
+            [otelcol, f"--config={CONFIG_DIR / 'e2e-remote.yaml'}"],
+            env,
+            tmp_path / "otelcol.log",
+        )
+        started.append(collector)
+
+        # The profiler service shares the main listener here.
+        assert "accepted 1" in declare(
+            address,
+            declared.pid,
+            checks.DECLARED_ENV,
+            checks.DECLARED_ATTRS,
+            timeout_s=DATA_TIMEOUT_S,
+        )
+        wait_for(
+            lambda: declared_exports_since(0) >= SCRAPES,
+            DATA_TIMEOUT_S,
+            f"{SCRAPES} exports carrying the declared process (first sidecar)",
+            lambda: sidecar.log_tail() + "\n" + collector.log_tail(),
+        )
+
+        # Restart the sidecar on the same address. Its stores start empty (new epoch), so the
+        # profiler declares again, as it would after reconnecting.
+        assert sidecar.stop(timeout_s=20) == 0, sidecar.log_tail()
+        restarted_ns = time.time_ns()
+        before = len(read_requests(output))
+        sidecar = Proc("sidecar-2", sidecar_argv, clean_environ(), tmp_path / "sidecar-2.log")
+        started.append(sidecar)
+        assert "accepted 1" in declare(
+            address,
+            declared.pid,
+            checks.DECLARED_ENV,
+            checks.DECLARED_ATTRS,
+            timeout_s=DATA_TIMEOUT_S,
+        )
+        wait_for(
+            lambda: declared_exports_since(before) >= SCRAPES,
+            DATA_TIMEOUT_S,
+            f"{SCRAPES} exports carrying the declared process (second sidecar)",
+            lambda: sidecar.log_tail() + "\n" + collector.log_tail(),
+        )
+
+        assert collector.stop(timeout_s=20) == 0, collector.log_tail()
+        assert sidecar.stop(timeout_s=20) == 0, sidecar.log_tail()
+
+    requests = read_requests(output)
+    points = flatten(requests)
+    checks.assert_device_metrics(points, GPU_UUIDS)
+    checks.assert_process_resources(requests, declared.pid, other.pid)
+    checks.assert_no_duplicates(points)
+
+    # Device data on both sides of the restart: it resumed.
+    device = checks.device_points(points)
+    assert [p for p in device if p.time_unix_nano < restarted_ns], "no data before the restart"
+    after = [p for p in device if p.time_unix_nano > restarted_ns]
+    checks.assert_device_metrics(after, GPU_UUIDS)
+
+    assert_epoch_change_handled(log_records(collector.log_path))
+
+
+def assert_epoch_change_handled(records: list[dict[str, object]]) -> None:
+    """The receiver saw exactly one new epoch, moved to it once (no flip-flop), and nothing
+    failed once data flowed again (no error loop).
+
+    A scrape may fail while a sidecar starts: before it listens (the Pull waits for the
+    connection up to the scrape timeout, so that rarely fails) and, once it listens, until its
+    first collection is stored (the sidecar answers UNAVAILABLE "no collection has been stored
+    yet" and the receiver does not retry within the scrape). Those are tolerated, a few at most,
+    and only as UNAVAILABLE.
+    """
+    restarts = [i for i, r in enumerate(records) if r.get("msg") == RESTARTED]
+    assert len(restarts) == 1, f"want one epoch change logged, got {len(restarts)}"
+    accepted = [
+        (i, str(r["epoch"]))
+        for i, r in enumerate(records)
+        if r.get("msg") == "Pipeline accepted the pulled batches" and "epoch" in r
+    ]
+    runs = [e for n, (_, e) in enumerate(accepted) if n == 0 or e != accepted[n - 1][1]]
+    assert len(runs) == 2, f"acknowledged epochs in order: {runs}"
+    resumed = next(i for i, e in accepted if e == runs[1])
+    errors_after = [r for r in records[resumed:] if r.get("level") == "error"]
+    assert not errors_after, f"errors after data resumed: {errors_after[:3]}"
+
+    failed = [r for r in records if r.get("msg") == "Error scraping metrics"]
+    assert len(failed) <= MAX_FAILED_SCRAPES, f"{len(failed)} failed scrapes: an error loop"
+    for r in failed:
+        assert "code = Unavailable" in str(r.get("error")), f"unexpected scrape error: {r}"
