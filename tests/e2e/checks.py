@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from .otlp import FlatPoint, duplicates, process_resources
 
@@ -43,7 +44,7 @@ def assert_device_metrics(points: Sequence[FlatPoint], uuids: Sequence[str]) -> 
 
 def declared_resources(
     requests: Sequence[ExportMetricsServiceRequest], pid: int
-) -> list[dict[str, object]]:
+) -> list[dict[str, AnyValue]]:
     """Per-process resources of ``pid`` that carry the declared service name."""
     found = []
     for raw in process_resources(requests):

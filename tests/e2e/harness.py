@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 
 def wait_for(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout_s: float,
     what: str,
     diagnostics: Callable[[], str] | None = None,

@@ -39,10 +39,10 @@ def test_remote_mode_with_sidecar_restart(otelcol: Path, tmp_path: Path, gpu_pro
     output = tmp_path / "metrics.jsonl"
     address = f"unix:{tmp_path / 'gm.sock'}"
     sidecar_argv = [
-        gpumetrics_command(),
+        str(gpumetrics_command()),
         "serve",
         "--simulate",
-        scenario,
+        str(scenario),
         "--listen",
         address,
         "--batch-interval",
