@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q .
+"$VENV/bin/python" -m pip install -q -e .   # editable, like scripts/test.sh, so both share .venv
 dir=$(mktemp -d)
 sock="$dir/gpumetrics.sock"
 "$VENV/bin/gpumetrics" serve --simulate h100-8x-training --listen "unix:$sock" \
