@@ -22,59 +22,26 @@ Run: ``python benchmarks/collection_bench.py [--cycles 30]``.
 from __future__ import annotations
 
 import argparse
-import copy
+import sys
 import time
+from pathlib import Path
 
-from gpumetrics.metrics.producer import Producer
-from gpumetrics.nvml import sim
-from gpumetrics.nvml.collector import Collector
-from gpumetrics.nvml.settings import CollectionSettings
-from gpumetrics.selftelemetry import Telemetry
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpumetrics.metrics.producer import Producer  # noqa: E402
+from gpumetrics.nvml import sim  # noqa: E402
+from gpumetrics.nvml.collector import Collector  # noqa: E402
+from gpumetrics.nvml.settings import CollectionSettings  # noqa: E402
+from gpumetrics.selftelemetry import Telemetry  # noqa: E402
+
+from benchmarks.harness import emit, machine, node_scenario  # noqa: E402
+from benchmarks.nvml_minimum import minimum_calls  # noqa: E402
 
 
 def scenario(gpus: int, processes: int) -> sim.Scenario:
     """``gpus`` H100s (the h100-sxm profile's device) with ``processes`` processes each."""
-    base = sim.load_scenario("h100-sxm").model_dump(mode="json", exclude_unset=True)
-    template = base["devices"][0]
-    template.pop("processes", None)
-    data = copy.deepcopy(base)
-    data["devices"] = []
-    data["driver"]["pcie_window_ms"] = 0
-    for i in range(gpus):
-        dev = copy.deepcopy(template)
-        dev["uuid"] = f"GPU-bench000-0000-4000-8000-{i:012d}"
-        dev["index"] = i
-        dev["pci"] = {"bus_id": f"00000000:{0x18 + i:02X}:00.0"}
-        if processes:
-            dev["process_sets"] = [
-                {
-                    "count": processes,
-                    "pid_start": 100_000 + i * 10_000,
-                    "used_memory_bytes": 268_435_456,
-                    "utilization": {"sm": 20, "mem": 5},
-                }
-            ]
-        data["devices"].append(dev)
-    return sim.scenario_from_data(data)
-
-
-def minimum_calls(gpus: int, processes: int, settings: CollectionSettings) -> float:
-    """NVML C calls per cycle the metric set needs, with one read per source per tick.
-
-    Per GPU: 3 sample buffers (GPU, memory-copy, power; sizing + data each) = 6; encoder and
-    decoder utilisation 2; memory info 1; enforced power limit 1; energy 1; temperature 1;
-    4 clock domains; clock-event reasons 1; PCIe TX+RX every ``pcie_interval_s`` and ECC
-    corrected+uncorrected every ``errors_interval_s``; process lists (compute, graphics, MPS):
-    sizing + data for a non-empty list, the sizing call alone (SUCCESS) for an empty one;
-    per-process utilisation: sizing + data, or the sizing call alone (NOT_FOUND) without
-    processes.
-    """
-    per_gpu = 6 + 2 + 1 + 1 + 1 + 1 + 4 + 1
-    per_gpu += 2 * settings.interval_s / settings.pcie_interval_s
-    per_gpu += 2 * settings.interval_s / settings.errors_interval_s
-    per_gpu += (2 + 1 + 1) if processes else 3  # compute non-empty; graphics, MPS empty
-    per_gpu += 2 if processes else 1
-    return gpus * per_gpu
+    return sim.scenario_from_data(node_scenario(gpus, processes))
 
 
 def measure(gpus: int, processes: int, cycles: int) -> dict[str, float]:
@@ -126,10 +93,11 @@ def measure(gpus: int, processes: int, cycles: int) -> dict[str, float]:
 
 
 def main() -> None:
-    """Print the table."""
+    """Print the table (and the JSON result line for ``run_all.py``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=30)
     args = parser.parse_args()
+    rows = []
     print(
         f"{'gpus':>4} {'procs/gpu':>9} {'cpu ms':>8} {'sim ms':>8} {'ours ms':>8} "
         f"{'encode ms':>9} {'calls':>7} {'min':>7} {'points':>7}"
@@ -142,6 +110,8 @@ def main() -> None:
                 f"{r['ours_ms']:>8.2f} {r['encode_ms']:>9.2f} {r['calls']:>7.1f} "
                 f"{r['min']:>7.1f} {r['points']:>7.0f}"
             )
+            rows.append({"gpus": gpus, "processes_per_gpu": processes, **r})
+    emit("collection", {"machine": machine(), "cycles": args.cycles, "rows": rows})
 
 
 if __name__ == "__main__":

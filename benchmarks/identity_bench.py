@@ -39,7 +39,13 @@ def _rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _payloads(i: int) -> tuple[bytes, list[tuple[str, bytes]], bytes]:
+def payloads(i: int) -> tuple[bytes, list[tuple[str, bytes]], bytes]:
+    """A realistic declaration of process ``i``: (process context, environment, profiler resource).
+
+    The context is a 7-key SDK resource as the C publisher writes it; the environment holds
+    OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the profiler resource has 5 keys
+    (container.id, k8s namespace/pod/container/uid).
+    """
     ctx = encode_process_context(
         {
             "deployment.environment.name": "production",
@@ -118,7 +124,7 @@ def main() -> None:
     n, secs = args.processes, args.seconds
 
     starts = {pid: 1000 + pid for pid in range(1, n + 1)}
-    inputs = [_payloads(pid) for pid in range(1, n + 1)]
+    inputs = [payloads(pid) for pid in range(1, n + 1)]
     store = DeclaredStore(max_processes=n, start_time_reader=starts.get)
 
     # Timing without tracemalloc (it slows allocation), then memory on a second, traced store.

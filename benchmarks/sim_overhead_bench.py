@@ -17,44 +17,38 @@ Run: ``python benchmarks/sim_overhead_bench.py [--processes 512] [--cycles 10] [
 from __future__ import annotations
 
 import argparse
-import copy
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pynvml
-from gpumetrics.nvml import sim
+
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpumetrics.nvml import sim  # noqa: E402
+
+from benchmarks.harness import emit, machine, node_scenario  # noqa: E402
 
 
 def node(gpus: int, processes: int) -> sim.Scenario:
     """``gpus`` copies of the h100-sxm device, each with ``processes`` processes."""
-    data = sim.load_scenario("h100-sxm").model_dump(mode="json", exclude_unset=True)
-    template = data["devices"][0]
-    template.pop("processes", None)
-    data["driver"]["pcie_window_ms"] = 0
-    devices = []
-    for i in range(gpus):
-        dev = copy.deepcopy(template)
-        dev["uuid"] = f"GPU-bench000-0000-4000-8000-{i:012d}"
-        dev["pci"]["bus_id"] = f"00000000:{0x18 + i:02X}:00.0"
-        dev["minor_number"] = i
-        dev["process_sets"] = [
-            {
-                "count": processes,
-                "pid_start": 100_000 + i * 10_000,
+    return sim.scenario_from_data(
+        node_scenario(
+            gpus,
+            processes,
+            process_fields={
                 "name": "/usr/bin/python3",
                 "used_memory_bytes": 1 << 26,
                 "utilization": {
                     "sm": {"pattern": "sine", "min": 1, "max": 60, "period_s": 30},
                     "mem": 5,
                 },
-            }
-        ]
-        if not processes:
-            dev["process_sets"] = []
-        devices.append(dev)
-    data["devices"] = devices
-    return sim.scenario_from_data(data)
+            },
+        )
+    )
 
 
 def per_call(calls: int) -> list[tuple[str, float, float]]:
@@ -144,15 +138,26 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20000)
     ns = parser.parse_args()
     print(f"{'function':44} {'wall µs/call':>12} {'sim µs/call':>12}")
-    for name, wall, inside in per_call(ns.calls):
+    calls = per_call(ns.calls)
+    for name, wall, inside in calls:
         print(f"{name:44} {wall:12.2f} {inside:12.2f}")
     print()
+    cycles = []
     for procs in sorted({0, 64, ns.processes}):
         r = per_cycle(ns.gpus, procs, ns.cycles)
+        cycles.append({"gpus": ns.gpus, "processes_per_gpu": procs, **r})
         print(
             f"{ns.gpus} GPUs x {procs:4d} processes: {r['wall_ms']:8.1f} ms/cycle wall, "
             f"{r['sim_ms']:8.1f} ms inside the simulator, {r['calls']:7.0f} C calls/cycle"
         )
+    emit(
+        "sim_overhead",
+        {
+            "machine": machine(),
+            "per_call_us": [{"function": n, "wall_us": w, "sim_us": i} for n, w, i in calls],
+            "per_cycle": cycles,
+        },
+    )
 
 
 if __name__ == "__main__":
