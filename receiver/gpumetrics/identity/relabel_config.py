@@ -278,14 +278,19 @@ def load_relabel_configs(text: str | bytes) -> tuple[RelabelConfig, ...]:
     (PyYAML alone would turn ``regex: yes`` into a boolean).
 
     Raises:
-        RelabelConfigError: invalid YAML, or an invalid rule (named).
+        RelabelConfigError: invalid YAML (including nesting too deep to parse and aliases that
+            refer to themselves), or an invalid rule (named).
 
     """
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        doc = _plain(node, "relabel configuration") if node is not None else None
     except yaml.YAMLError as exc:
         raise RelabelConfigError(f"relabel configuration: invalid YAML: {exc}") from None
-    doc = _plain(node, "relabel configuration") if node is not None else None
+    except RecursionError:  # PyYAML and _plain recurse: deep nesting or a self-referring alias
+        raise RelabelConfigError(
+            "relabel configuration: nested too deeply, or a YAML alias refers to itself"
+        ) from None
     if doc is None:
         return ()
     if isinstance(doc, Mapping):
