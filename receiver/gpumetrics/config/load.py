@@ -57,6 +57,8 @@ def read_config_file(path: str) -> dict[str, Any]:
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError([f"config file {path}:{where}: {problem}"]) from None
+    except RecursionError:  # PyYAML's parser recurses once per nesting level
+        raise ConfigError([f"config file {path}: nested too deeply"]) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
