@@ -171,6 +171,8 @@ def _read_yaml(path: Path, source: str) -> Any:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         raise ScenarioError(source, [("", f"not valid YAML: {err}")]) from None
+    except RecursionError:  # PyYAML's parser recurses once per nesting level
+        raise ScenarioError(source, [("", "not valid YAML: nested too deeply")]) from None
 
 
 def load_scenario(source: str | os.PathLike[str] | Scenario) -> Scenario:
