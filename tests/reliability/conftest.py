@@ -16,11 +16,15 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
+import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -155,3 +159,47 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         with open(path, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Any]:
+    """A private temporary directory with a short path (unix socket paths: 107 bytes at most)."""
+    d = tempfile.mkdtemp(prefix="gm-rel-", dir="/tmp")
+    os.chmod(d, 0o700)
+    try:
+        yield Path(d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def make_rig(short_tmp: Path) -> Iterator[Callable[..., Any]]:
+    """Factory of :class:`~.rig.Rig` sidecars (stopped at teardown)."""
+    from .rig import Rig
+
+    made: list[Rig] = []
+
+    def make(config: Mapping[str, Any] | None = None, **kw: Any) -> Rig:
+        sub = short_tmp / f"r{len(made)}"
+        sub.mkdir()
+        rig = Rig(sub, config, **kw)
+        made.append(rig)
+        return rig
+
+    yield make
+    for rig in made:
+        rig.close()
+
+
+def hypothesis_settings(form: Form, scale: float = 1.0) -> Any:
+    """Hypothesis settings for one property: examples scaled from the form, no deadline,
+    derandomized in the short form (CI is deterministic), random in the long form."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        max_examples=max(10, int(form.examples * scale)),
+        deadline=None,
+        derandomize=not form.long,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        database=None,
+    )
