@@ -24,11 +24,14 @@ echo "== compose: docker-compose.yaml (default profile)"
 "$compose" -f docker-compose.yaml config --quiet
 echo "== compose: docker-compose.yaml (profile gpu)"
 "$compose" -f docker-compose.yaml --profile gpu config --quiet
+# (Captured first: `grep -q` stopping early would break the pipe under pipefail.)
+default_services=$("$compose" -f docker-compose.yaml config --services)
+gpu_services=$("$compose" -f docker-compose.yaml --profile gpu config --services)
 for service in gpumetrics otelcol prometheus grafana; do
-  "$compose" -f docker-compose.yaml config --services | grep -qx "$service" \
+  grep -qx "$service" <<<"$default_services" \
     || { echo "validate-compose.sh: service $service missing from the default profile" >&2; exit 1; }
 done
-"$compose" -f docker-compose.yaml --profile gpu config --services | grep -qx gpumetrics-gpu \
+grep -qx gpumetrics-gpu <<<"$gpu_services" \
   || { echo "validate-compose.sh: service gpumetrics-gpu missing from profile gpu" >&2; exit 1; }
 
 echo "== compose: hadolint"
