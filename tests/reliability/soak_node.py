@@ -180,10 +180,15 @@ def soak_node(gpus: int, plan: Plan) -> Iterator[SoakNode]:
 
 
 def hw_status(
-    request: metrics_service_pb2.ExportMetricsServiceRequest,
+    request: metrics_service_pb2.ExportMetricsServiceRequest, cycles: int = 1
 ) -> dict[str, dict[str, int]]:
-    """``hw.status`` points of a request: hw.id -> {hw.state: value}."""
-    out: dict[str, dict[str, int]] = {}
+    """``hw.status`` points of a request: hw.id -> {hw.state: value} of its newest collection.
+
+    ``cycles`` is how many collections the request may hold (one per batch in the soak, so a
+    second point for the same series is an error there).
+    """
+    latest: dict[tuple[str, str], tuple[int, int]] = {}
+    seen: dict[tuple[str, str], int] = {}
     for rm in request.resource_metrics:
         for sm in rm.scope_metrics:
             for m in sm.metrics:
@@ -191,9 +196,14 @@ def hw_status(
                     continue
                 for dp in m.sum.data_points:
                     a = {kv.key: kv.value.string_value for kv in dp.attributes}
-                    states = out.setdefault(a["hw.id"], {})
-                    assert a["hw.state"] not in states, f"two hw.status points for {a}"
-                    states[a["hw.state"]] = dp.as_int
+                    key = (a["hw.id"], a["hw.state"])
+                    seen[key] = seen.get(key, 0) + 1
+                    assert seen[key] <= cycles, f"{seen[key]} hw.status points for {a}"
+                    if key not in latest or dp.time_unix_nano >= latest[key][0]:
+                        latest[key] = (dp.time_unix_nano, dp.as_int)
+    out: dict[str, dict[str, int]] = {}
+    for (hw_id, state), (_, value) in latest.items():
+        out.setdefault(hw_id, {})[state] = value
     return out
 
 
