@@ -2,7 +2,8 @@
 # The project's test command (README "Quick start", second command; CI runs it via .ci/run).
 # Sets up a virtual environment in .venv (or $VENV), installs the package with its test extras,
 # then runs, in order:
-#   1. generated code is fresh;
+#   1. generated code is fresh; lint: ruff (lint everywhere, format on the package), mypy on the
+#      package, buf lint on proto/;
 #   2. the Python suites (everything not marked e2e);
 #   3. the Go receiver: collector/scripts/test.sh (gofmt, hadolint, go vet, go test);
 #   4. static validation of docker-compose.yaml, the Dockerfiles and collector-config/
@@ -36,6 +37,12 @@ stage() { echo "== $* (at $((SECONDS - stage_start)) s)"; }
 
 stage "generated code is fresh"
 ./scripts/check-generated.sh
+
+stage "lint"
+ruff check .
+ruff format --check receiver
+mypy receiver/gpumetrics
+./scripts/lint-proto.sh
 
 stage "python tests"
 run_pytest -m "not e2e"

@@ -18,6 +18,8 @@ from gpumetrics.metrics.encode import encode_metric
 from gpumetrics.metrics.spec import Instrument, MetricSpec, catalogue
 
 _Key = tuple[str, tuple[tuple[str, str], ...]]
+Attrs = Mapping[str, Any] | None
+"""Attributes of one series (``None`` or empty: no attributes)."""
 
 
 def _attrs(attributes: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
@@ -29,10 +31,10 @@ def _attrs(attributes: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
 class SelfTelemetry(Protocol):
     """What components may record about themselves."""
 
-    def add(self, name: str, value: int | float = 1, attributes: Mapping[str, Any] | None = None) -> None:
+    def add(self, name: str, value: int | float = 1, attributes: Attrs = None) -> None:
         """Increase counter ``name`` (a catalogue ``counter``) for one attribute set."""
 
-    def set(self, name: str, value: int | float, attributes: Mapping[str, Any] | None = None) -> None:
+    def set(self, name: str, value: int | float, attributes: Attrs = None) -> None:
         """Set gauge ``name`` for one attribute set."""
 
     def replace(self, name: str, series: Mapping[tuple[tuple[str, str], ...], int | float]) -> None:
@@ -42,10 +44,10 @@ class SelfTelemetry(Protocol):
 class NoTelemetry:
     """A :class:`SelfTelemetry` that records nothing."""
 
-    def add(self, name: str, value: int | float = 1, attributes: Mapping[str, Any] | None = None) -> None:
+    def add(self, name: str, value: int | float = 1, attributes: Attrs = None) -> None:
         """Do nothing."""
 
-    def set(self, name: str, value: int | float, attributes: Mapping[str, Any] | None = None) -> None:
+    def set(self, name: str, value: int | float, attributes: Attrs = None) -> None:
         """Do nothing."""
 
     def replace(self, name: str, series: Mapping[tuple[tuple[str, str], ...], int | float]) -> None:
@@ -65,6 +67,7 @@ class Telemetry:
 
     Raises (from ``add``/``set``): ``KeyError`` for an undeclared name, ``ValueError`` when a
     counter is decreased or a gauge name is used as a counter (and vice versa).
+
     """
 
     def __init__(
@@ -86,7 +89,7 @@ class Telemetry:
             raise ValueError(f"self-metric {name!r} is a {spec.instrument.value}")
         return spec
 
-    def add(self, name: str, value: int | float = 1, attributes: Mapping[str, Any] | None = None) -> None:
+    def add(self, name: str, value: int | float = 1, attributes: Attrs = None) -> None:
         """Increase counter ``name`` by ``value`` (>= 0)."""
         self._spec(name, counter=True)
         if value < 0:
@@ -95,7 +98,7 @@ class Telemetry:
         with self._lock:
             self._values[key] = self._values.get(key, 0) + value
 
-    def set(self, name: str, value: int | float, attributes: Mapping[str, Any] | None = None) -> None:
+    def set(self, name: str, value: int | float, attributes: Attrs = None) -> None:
         """Set gauge ``name`` to ``value``."""
         self._spec(name, counter=False)
         with self._lock:
@@ -110,8 +113,8 @@ class Telemetry:
             for attrs, value in series.items():
                 self._values[(name, tuple(sorted(attrs)))] = value
 
-    def value(self, name: str, attributes: Mapping[str, Any] | None = None) -> int | float | None:
-        """The current value of one series, or None if never recorded (for tests and logs)."""
+    def value(self, name: str, attributes: Attrs = None) -> int | float | None:
+        """Return one series' current value, or None if never recorded (for tests and logs)."""
         with self._lock:
             return self._values.get((name, _attrs(attributes)))
 
@@ -121,7 +124,7 @@ class Telemetry:
             return sum(v for (n, _), v in self._values.items() if n == name)
 
     def render(self, metrics: Any) -> int:
-        """Append one OTLP ``Metric`` per recorded self-metric to ``metrics``; return points written.
+        """Append one OTLP ``Metric`` per recorded self-metric to ``metrics``; return the points.
 
         Counters are cumulative monotonic Sums starting at this object's creation time.
         """

@@ -194,7 +194,9 @@ def test_pull_wait_retries_until_the_first_batch_is_stored(make_sidecar, capsys)
     assert code == 1 and "UNAVAILABLE" in err
     result = {}
     puller = threading.Thread(
-        target=lambda: result.setdefault("code", main(["pull", address, "--wait", "30", "--format", "text"]))
+        target=lambda: result.setdefault(
+            "code", main(["pull", address, "--wait", "30", "--format", "text"])
+        )
     )
     puller.start()
     collector.record()

@@ -1,7 +1,6 @@
 import math
 
 import pytest
-
 from gpumetrics.metrics import MetricBuffer, UnknownMetricError, catalogue, names
 
 T = 1_700_000_000_000_000_000
@@ -52,7 +51,10 @@ def test_add_accepts_valid_points_in_order(buf):
     buf.add(names.MetricGPUMemoryUsage, 0, T, (), T - 5)
     assert [p.value for p in buf.points(names.MetricGPUUtilization)] == [0.0, 1.0]
     assert len(buf) == 3
-    assert [s.name for s, _ in buf.items()] == [names.MetricGPUUtilization, names.MetricGPUMemoryUsage]
+    assert [s.name for s, _ in buf.items()] == [
+        names.MetricGPUUtilization,
+        names.MetricGPUMemoryUsage,
+    ]
 
 
 def test_time_must_be_positive(buf):

@@ -3,14 +3,14 @@
 from pathlib import Path
 
 import pytest
-
 from gpumetrics.metrics import names
 from gpumetrics.metrics.docs import render_metrics_doc
 from gpumetrics.metrics.spec import Instrument, ValueType, catalogue, parse_catalogue
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Semantic conventions v1.44.0 (shared/reference/semconv-and-otlp.md §1.2-1.3): name -> (instrument, unit, value type)
+# Semantic conventions v1.44.0 (shared/reference/semconv-and-otlp.md §1.2-1.3):
+# name -> (instrument, unit, value type)
 SEMCONV = {
     "hw.gpu.utilization": (Instrument.GAUGE, "1", ValueType.DOUBLE),
     "hw.gpu.memory.usage": (Instrument.UPDOWNCOUNTER, "By", ValueType.INT),
@@ -65,7 +65,9 @@ def test_ratio_metrics_have_unit_one():
 
 def test_docs_metrics_md_is_generated_from_the_catalogue():
     doc = (ROOT / "docs" / "metrics.md").read_text()
-    assert doc == render_metrics_doc(catalogue()), "run: python -m gpumetrics.metrics.docs > docs/metrics.md"
+    assert doc == render_metrics_doc(catalogue()), (
+        "run: python -m gpumetrics.metrics.docs > docs/metrics.md"
+    )
 
 
 def test_duplicate_names_are_rejected_naming_the_entry():

@@ -1,8 +1,14 @@
 import pytest
+from gpumetrics.metrics import (
+    EncodingError,
+    Point,
+    catalogue,
+    encode_attributes,
+    encode_metric,
+    names,
+)
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
-
-from gpumetrics.metrics import EncodingError, Point, catalogue, encode_attributes, encode_metric, names
 
 T = 1_700_000_000_000_000_000
 
@@ -15,7 +21,11 @@ def kv_list(attrs):
 
 def test_gauge_encoding_field_by_field():
     m = metrics_pb2.Metric()
-    n = encode_metric(m, catalogue().metrics[names.MetricPower], [Point(312.5, T, (("hw.id", "GPU-1"), ("hw.type", "gpu")))])
+    n = encode_metric(
+        m,
+        catalogue().metrics[names.MetricPower],
+        [Point(312.5, T, (("hw.id", "GPU-1"), ("hw.type", "gpu")))],
+    )
     expected = metrics_pb2.Metric(name="hw.power", description=m.description, unit="W")
     dp = expected.gauge.data_points.add(time_unix_nano=T, as_double=312.5)
     dp.attributes.add(key="hw.id").value.string_value = "GPU-1"
@@ -42,12 +52,32 @@ def test_counter_is_cumulative_monotonic_sum():
 
 
 def test_attribute_value_types_map_to_anyvalue_members():
-    kvs = kv_list([("s", "x"), ("b", True), ("i", 7), ("d", 1.5), ("y", b"\x00\xff"),
-                   ("a", ["p", 1]), ("m", {"k": "v"}), ("skipped", None)])
+    kvs = kv_list(
+        [
+            ("s", "x"),
+            ("b", True),
+            ("i", 7),
+            ("d", 1.5),
+            ("y", b"\x00\xff"),
+            ("a", ["p", 1]),
+            ("m", {"k": "v"}),
+            ("skipped", None),
+        ]
+    )
     got = {kv.key: kv.value.WhichOneof("value") for kv in kvs}
-    assert got == {"s": "string_value", "b": "bool_value", "i": "int_value", "d": "double_value",
-                   "y": "bytes_value", "a": "array_value", "m": "kvlist_value"}
-    assert [v.WhichOneof("value") for v in kvs[5].value.array_value.values] == ["string_value", "int_value"]
+    assert got == {
+        "s": "string_value",
+        "b": "bool_value",
+        "i": "int_value",
+        "d": "double_value",
+        "y": "bytes_value",
+        "a": "array_value",
+        "m": "kvlist_value",
+    }
+    assert [v.WhichOneof("value") for v in kvs[5].value.array_value.values] == [
+        "string_value",
+        "int_value",
+    ]
 
 
 def test_duplicate_attribute_keys_are_an_error():
@@ -69,4 +99,6 @@ def test_lone_surrogates_are_replaced_so_the_message_serializes():
 def test_encoding_error_names_the_metric():
     m = metrics_pb2.Metric()
     with pytest.raises(EncodingError, match="hw.power"):
-        encode_metric(m, catalogue().metrics[names.MetricPower], [Point(1.0, T, (("k", object()),))])
+        encode_metric(
+            m, catalogue().metrics[names.MetricPower], [Point(1.0, T, (("k", object()),))]
+        )

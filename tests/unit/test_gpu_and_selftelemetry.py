@@ -1,12 +1,18 @@
 import pytest
-
 from gpumetrics.metrics import GPU, CountNVIDIAGPUs
 from gpumetrics.selftelemetry import Telemetry
 
 
 def test_put_attrs_leaves_unknown_fields_out():
-    g = GPU(uuid="GPU-a", index=0, name="gpu0", model=None, serial_number=None, driver_version="570.1")
-    assert g.put_attrs({}) == {"hw.id": "GPU-a", "hw.name": "gpu0", "hw.vendor": "NVIDIA", "hw.driver_version": "570.1"}
+    g = GPU(
+        uuid="GPU-a", index=0, name="gpu0", model=None, serial_number=None, driver_version="570.1"
+    )
+    assert g.put_attrs({}) == {
+        "hw.id": "GPU-a",
+        "hw.name": "gpu0",
+        "hw.vendor": "NVIDIA",
+        "hw.driver_version": "570.1",
+    }
 
 
 def test_mig_instance_id_attrs_carry_parent():

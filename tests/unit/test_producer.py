@@ -1,7 +1,6 @@
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
-
 from gpumetrics.metrics import GPU, Producer, count_points, names
 from gpumetrics.selftelemetry import Telemetry
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 
 T = 1_700_000_000_000_000_000
 GPU0 = GPU(uuid="GPU-0", index=0, name="gpu0", model="NVIDIA H100")
@@ -16,7 +15,9 @@ def attrs_of(resource):
 
 
 def record_power(p, gpu, watts, t=T):
-    p.record_host(lambda b: b.add(names.MetricPower, watts, t, gpu.attributes() + (("hw.type", "gpu"),)))
+    p.record_host(
+        lambda b: b.add(names.MetricPower, watts, t, gpu.attributes() + (("hw.type", "gpu"),))
+    )
 
 
 def test_one_metric_per_name_per_scope_with_a_point_per_device():
@@ -42,7 +43,10 @@ def test_produce_drains_so_a_second_collect_is_empty():
 
 def test_process_without_resourcer_gets_only_int_pid_resource():
     p = Producer()
-    p.record_process(4242, lambda b: b.add(names.MetricProcessMemoryUsage, 8 << 30, T, GPU0.id_attributes(), T - 1))
+    p.record_process(
+        4242,
+        lambda b: b.add(names.MetricProcessMemoryUsage, 8 << 30, T, GPU0.id_attributes(), T - 1),
+    )
     req = p.collect()
     assert len(req.resource_metrics) == 1
     rm = req.resource_metrics[0]
@@ -54,10 +58,16 @@ def test_process_without_resourcer_gets_only_int_pid_resource():
 
 def test_process_that_stopped_using_the_gpu_gets_no_resource_next_time():
     p = Producer()
-    p.record_process(1, lambda b: b.add(names.MetricProcessUtilization, 0.5, T, GPU0.id_attributes()))
-    p.record_process(2, lambda b: b.add(names.MetricProcessUtilization, 0.25, T, GPU0.id_attributes()))
+    p.record_process(
+        1, lambda b: b.add(names.MetricProcessUtilization, 0.5, T, GPU0.id_attributes())
+    )
+    p.record_process(
+        2, lambda b: b.add(names.MetricProcessUtilization, 0.25, T, GPU0.id_attributes())
+    )
     assert len(p.collect().resource_metrics) == 2
-    p.record_process(2, lambda b: b.add(names.MetricProcessUtilization, 0.5, T + 1, GPU0.id_attributes()))
+    p.record_process(
+        2, lambda b: b.add(names.MetricProcessUtilization, 0.5, T + 1, GPU0.id_attributes())
+    )
     req = p.collect()
     assert [attrs_of(rm.resource)["process.pid"] for rm in req.resource_metrics] == [2]
 
@@ -82,10 +92,14 @@ def test_resourcer_fills_resources_and_can_drop_processes():
     r = Resourcer(drop={2})
     p.set_process_resourcer(r)
     for pid in (1, 2):
-        p.record_process(pid, lambda b: b.add(names.MetricProcessUtilization, 0.5, T, GPU0.id_attributes()))
+        p.record_process(
+            pid, lambda b: b.add(names.MetricProcessUtilization, 0.5, T, GPU0.id_attributes())
+        )
     req = p.collect()
     assert sorted(r.calls) == [1, 2]
-    assert [attrs_of(rm.resource) for rm in req.resource_metrics] == [{"process.pid": 1, "service.name": "svc-1"}]
+    assert [attrs_of(rm.resource) for rm in req.resource_metrics] == [
+        {"process.pid": 1, "service.name": "svc-1"}
+    ]
     assert tel.value("gpumetrics.processes.dropped_by_relabel") == 1
 
 
@@ -107,7 +121,11 @@ def test_unknown_disabled_metric_is_a_configuration_error():
 
 def test_self_telemetry_goes_under_its_own_scope_on_the_host_resource():
     tel = Telemetry(clock_ns=lambda: T)
-    tel.add("gpumetrics.nvml.errors", 2, {"nvml.function": "nvmlDeviceGetPowerUsage", "nvml.return_code": "NOT_SUPPORTED"})
+    tel.add(
+        "gpumetrics.nvml.errors",
+        2,
+        {"nvml.function": "nvmlDeviceGetPowerUsage", "nvml.return_code": "NOT_SUPPORTED"},
+    )
     p = Producer(self_telemetry=tel)
     record_power(p, GPU0, 300.0)
     req = p.collect()

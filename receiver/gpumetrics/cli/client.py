@@ -153,8 +153,10 @@ _RETRY_PAUSE_S = 0.25
 def _pull_waiting(
     stub: Any, request: pull_pb2.PullRequest, args: argparse.Namespace, metadata: Any
 ) -> pull_pb2.PullResponse:
-    """Pull once; with ``--wait``, retry UNAVAILABLE (not up yet, or nothing collected yet)
-    every 0.25 s until ``--wait`` seconds have passed.
+    """Pull once, retrying UNAVAILABLE for up to ``--wait`` seconds.
+
+    UNAVAILABLE means the sidecar is not up yet or has not stored its first batch; attempts are
+    0.25 s apart.
 
     Raises:
         CommandError: the RPC failed (for UNAVAILABLE: after the wait ran out).

@@ -270,6 +270,7 @@ class DeclaredStore:
         Raises:
             DeclarationError: field ``resync_begin`` when ``max_resyncs`` other declarers are
                 already resynchronising.
+
         """
         with self._lock:
             if declarer not in self._resync and len(self._resync) >= self._max_resyncs:
@@ -287,6 +288,7 @@ class DeclaredStore:
 
         Returns:
             True when a resynchronisation was in progress.
+
         """
         with self._lock:
             return self._resync.pop(declarer, None) is not None

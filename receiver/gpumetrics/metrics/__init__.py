@@ -1,4 +1,4 @@
-"""The metrics model (pure Python, no ``pynvml``): catalogue, specs, buffers, producer, OTLP encoding.
+"""The metrics model (pure Python, no ``pynvml``): catalogue, buffers, producer, OTLP encoding.
 
 Re-exports the seed's names: the metric and attribute constants from :mod:`.names`, :class:`GPU`
 and :func:`CountNVIDIAGPUs`, :class:`MetricBuffer`, :class:`Producer` and the

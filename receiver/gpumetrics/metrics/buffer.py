@@ -39,6 +39,7 @@ class Point:
         attributes: point attributes (GPU attributes first, then the metric's own).
         start_time_unix_nano: start of a cumulative series, ns since the Unix epoch; required
             (non-zero) for Sum metrics, 0 (unset) for gauges.
+
     """
 
     value: int | float
@@ -52,6 +53,7 @@ class MetricBuffer:
 
     Args:
         specs: the metric specs this buffer may hold (name → spec), normally the catalogue's.
+
     """
 
     __slots__ = ("_specs", "_points")
@@ -61,10 +63,11 @@ class MetricBuffer:
         self._points: dict[str, list[Point]] = {}
 
     def points(self, name: str) -> list[Point]:
-        """The mutable point list of metric ``name``, created on first use.
+        """Return the mutable point list of metric ``name``, created on first use.
 
         Raises:
             UnknownMetricError: ``name`` is not in the catalogue.
+
         """
         pts = self._points.get(name)
         if pts is None:
@@ -91,6 +94,7 @@ class MetricBuffer:
             UnknownMetricError: ``name`` is not in the catalogue.
             ValueError: naming the metric and the rule the point breaks. Callers drop and count
                 readings they know to be garbage before they get here; this is the last guard.
+
         """
         spec = self._specs.get(name)
         if spec is None:

@@ -38,8 +38,10 @@ def _row(spec: MetricSpec) -> str:
 
 def render_metrics_doc(cat: Catalogue) -> str:
     """Return the Markdown text of ``docs/metrics.md`` for ``cat``."""
-    head = "| name | instrument | unit | value | attributes beyond the GPU's | NVML source | nvidia-smi | description |\n"
-    head += "|---|---|---|---|---|---|---|---|\n"
+    head = (
+        "| name | instrument | unit | value | attributes beyond the GPU's | NVML source "
+        "| nvidia-smi | description |\n|---|---|---|---|---|---|---|---|\n"
+    )
     host = [s for s in cat.metrics.values() if s.resource == "host"]
     proc = [s for s in cat.metrics.values() if s.resource == "process"]
     out = [
@@ -49,14 +51,17 @@ def render_metrics_doc(cat: Catalogue) -> str:
         "`python -m gpumetrics.metrics.docs > docs/metrics.md`; a test fails when they differ.",
         "",
         f"Scope `{cat.scope.name}`, schema `{cat.scope.schema_url}`. `hw.*` metrics follow the",
-        "OpenTelemetry hardware semantic conventions exactly; `nvidia.*` cover what the conventions",
-        "do not. Ratios are fractions 0–1 (NVML percentages divided by 100). A reading NVML could not",
+        "OpenTelemetry hardware semantic conventions exactly; `nvidia.*` cover what the "
+        "conventions",
+        "do not. Ratios are fractions 0–1 (NVML percentages divided by 100). A reading NVML "
+        "could not",
         "give produces no point, never a 0.",
         "",
         "## Device metrics (host resource)",
         "",
         "Every point carries `hw.id` (the NVML UUID) and, where known, `hw.name`, `hw.vendor`,",
-        "`hw.model`, `hw.serial_number`, `hw.driver_version`, `hw.firmware_version`. A MIG instance",
+        "`hw.model`, `hw.serial_number`, `hw.driver_version`, `hw.firmware_version`. A MIG "
+        "instance",
         "has its own `hw.id` (the MIG UUID) and `hw.parent` = the physical GPU's UUID.",
         "",
         head + "\n".join(_row(s) for s in host),
@@ -75,7 +80,8 @@ def render_metrics_doc(cat: Catalogue) -> str:
     ]
     for s in cat.self_metrics.values():
         attrs = ", ".join(f"`{k}`" for k in s.attributes) or "—"
-        out.append(f"| `{s.name}` | {_SHAPE[s.instrument.value]} | `{s.unit}` | {attrs} | {s.description} |")
+        shape = _SHAPE[s.instrument.value]
+        out.append(f"| `{s.name}` | {shape} | `{s.unit}` | {attrs} | {s.description} |")
     return "\n".join(out) + "\n"
 
 

@@ -48,6 +48,7 @@ def set_any_value(target: common_pb2.AnyValue, value: AttrValue, key: str = "") 
 
     Raises:
         EncodingError: naming ``key`` for an unsupported type or an int outside int64.
+
     """
     if isinstance(value, bool):
         target.bool_value = value
@@ -74,15 +75,14 @@ def set_any_value(target: common_pb2.AnyValue, value: AttrValue, key: str = "") 
         raise EncodingError(f"attribute {key!r}: unsupported type {type(value).__name__}")
 
 
-def encode_attributes(
-    target: Any, attributes: Iterable[tuple[str, AttrValue]]
-) -> None:
+def encode_attributes(target: Any, attributes: Iterable[tuple[str, AttrValue]]) -> None:
     """Append ``KeyValue`` entries for ``attributes`` to the repeated field ``target``.
 
     Keys must be unique (OTLP requires it); ``None`` values are skipped (never written as empty).
 
     Raises:
         EncodingError: a duplicate key, an empty key, or an unsupported value.
+
     """
     seen: set[str] = set()
     for key, value in attributes:
@@ -103,6 +103,7 @@ def encode_metric(target: metrics_pb2.Metric, spec: MetricSpec, points: Sequence
 
     Raises:
         EncodingError: naming the metric, when a point cannot be encoded.
+
     """
     target.name = spec.name
     target.description = spec.description
@@ -132,7 +133,7 @@ def encode_metric(target: metrics_pb2.Metric, spec: MetricSpec, points: Sequence
 
 
 def count_points(request: Any) -> int:
-    """Number of number/histogram/summary data points in an ``ExportMetricsServiceRequest``."""
+    """Count the data points (all metric kinds) in an ``ExportMetricsServiceRequest``."""
     n = 0
     for rm in request.resource_metrics:
         for sm in rm.scope_metrics:

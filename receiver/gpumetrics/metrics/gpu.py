@@ -36,6 +36,7 @@ class GPU:
         parent_uuid: the physical GPU's UUID for a MIG instance, else None.
         gpu_instance_id: MIG GPU-instance id, or None.
         compute_instance_id: MIG compute-instance id, or None.
+
     """
 
     uuid: str
@@ -51,14 +52,14 @@ class GPU:
     compute_instance_id: int | None = None
 
     def put_id_attrs(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        """Add the identity attributes (``hw.id``; ``hw.parent`` for a MIG instance) and return ``attrs``."""
+        """Add ``hw.id`` (and ``hw.parent`` for a MIG instance) to ``attrs``; return ``attrs``."""
         attrs[names.AttrHwID] = self.uuid
         if self.parent_uuid is not None:
             attrs[names.AttrHwParent] = self.parent_uuid
         return attrs
 
     def put_attrs(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        """Add every known device attribute (identity plus ``hw.name``, ``hw.vendor``, …) and return ``attrs``.
+        """Add every known device attribute (identity, ``hw.name``, …) to ``attrs``; return it.
 
         Unknown (None) fields are left out: a missing value is never written as an empty string.
         """
@@ -76,11 +77,11 @@ class GPU:
         return attrs
 
     def id_attributes(self) -> tuple[tuple[str, Any], ...]:
-        """The identity attributes as a hashable tuple, for per-process points."""
+        """Return the identity attributes as a hashable tuple, for per-process points."""
         return tuple(self.put_id_attrs({}).items())
 
     def attributes(self) -> tuple[tuple[str, Any], ...]:
-        """Every known device attribute as a hashable tuple, for device points."""
+        """Return every known device attribute as a hashable tuple, for device points."""
         return tuple(self.put_attrs({}).items())
 
 
@@ -92,6 +93,7 @@ def CountNVIDIAGPUs(proc_root: str = "/proc") -> int:  # noqa: N802 - the seed's
 
     Raises:
         OSError: when the directory exists but cannot be listed (e.g. EACCES).
+
     """
     path = os.path.join(proc_root, "driver", "nvidia", "gpus")
     try:

@@ -10,7 +10,6 @@ stopped using the GPU gets no point in the next ``produce``.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -36,6 +35,7 @@ class ProcessResourcer(Protocol):
 
         Returns:
             False when a relabel rule dropped the process: its points are not reported.
+
         """
 
 
@@ -61,6 +61,7 @@ class Producer:
 
     ``record_host``/``record_process`` run their callback under the producer's lock: callbacks only
     append points (no NVML calls, no I/O).
+
     """
 
     def __init__(
@@ -89,11 +90,11 @@ class Producer:
         self._resourcer: ProcessResourcer | None = None
 
     def enabled(self, name: str) -> bool:
-        """True when metric ``name`` is in the catalogue and not disabled by configuration."""
+        """Tell whether metric ``name`` is in the catalogue and not disabled by configuration."""
         return name in self._specs and name not in self._disabled
 
     def set_process_resourcer(self, resourcer: ProcessResourcer | None) -> None:
-        """Use ``resourcer`` for per-process resources from the next ``produce`` on (None: pid only)."""
+        """Use ``resourcer`` for process resources from the next ``produce`` (None: pid only)."""
         with self._lock:
             self._resourcer = resourcer
 
@@ -107,6 +108,7 @@ class Producer:
 
         Raises:
             ValueError: ``pid`` is not a positive int.
+
         """
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise ValueError(f"pid: must be a positive int, got {pid!r}")
@@ -147,6 +149,7 @@ class Producer:
 
         Returns:
             The number of data points written.
+
         """
         host, procs, resourcer = self._drain()
         n = self._encode_buffer(host_metrics, host)

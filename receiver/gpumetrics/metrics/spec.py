@@ -3,8 +3,9 @@
 A :class:`MetricSpec` fixes everything about a metric that is not a data point: name, OTLP shape
 (Gauge, or cumulative Sum with its monotonicity), UCUM unit, value type, attribute keys (with enum
 values where closed) and where the value comes from in NVML. Instrument mapping follows the
-semantic conventions' rule (``shared/reference/semconv-and-otlp.md`` §2.3): Gauge → ``Metric.gauge``;
-UpDownCounter → cumulative non-monotonic ``Metric.sum``; Counter → cumulative monotonic ``Metric.sum``.
+semantic conventions' rule (``shared/reference/semconv-and-otlp.md`` §2.3): Gauge →
+``Metric.gauge``; UpDownCounter → cumulative non-monotonic ``Metric.sum``; Counter → cumulative
+monotonic ``Metric.sum``.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ class MetricSpec:
     Attributes:
         name: OTLP metric name, e.g. ``hw.gpu.utilization``.
         description: one-line description written into ``Metric.description``.
-        unit: UCUM unit written into ``Metric.unit`` (``1`` for ratios, ``By``, ``W``, ``J``, ``Hz``,
-            ``Cel``, ``By/s``, ``{error}``).
+        unit: UCUM unit written into ``Metric.unit`` (``1`` for ratios, ``By``, ``W``, ``J``,
+            ``Hz``, ``Cel``, ``By/s``, ``{error}``).
         instrument: Gauge, UpDownCounter or Counter.
         value_type: double or int.
         attributes: attribute keys beyond the GPU's identity attributes, each mapped to its closed
@@ -64,6 +65,7 @@ class MetricSpec:
         nvml: the NVML call(s) behind the value.
         nvidia_smi: the matching ``nvidia-smi --query-gpu`` field, or ``""``.
         constant: the seed's Python constant name, or ``""``.
+
     """
 
     name: str
@@ -90,7 +92,7 @@ class Scope:
 
 @dataclass(frozen=True)
 class Catalogue:
-    """The parsed ``catalogue.yaml``: GPU metric specs under ``scope``, self-telemetry under ``self_scope``."""
+    """The parsed ``catalogue.yaml``: GPU metrics (``scope``), self-telemetry (``self_scope``)."""
 
     scope: Scope
     metrics: Mapping[str, MetricSpec]
@@ -102,7 +104,7 @@ def _spec(raw: Mapping[str, Any], where: str, default_resource: str) -> MetricSp
     try:
         attrs_raw = raw.get("attributes") or {}
         if isinstance(attrs_raw, list):
-            attrs = {str(k): () for k in attrs_raw}
+            attrs: dict[str, tuple[str, ...]] = {str(k): () for k in attrs_raw}
         else:
             attrs = {str(k): tuple(str(v) for v in (vals or ())) for k, vals in attrs_raw.items()}
         return MetricSpec(
@@ -129,6 +131,7 @@ def parse_catalogue(text: str) -> Catalogue:
     Raises:
         ValueError: naming the entry (``metrics[3]: ...``) when an entry is malformed or a name
             appears twice.
+
     """
     doc = yaml.safe_load(text)
     metrics: dict[str, MetricSpec] = {}
@@ -153,6 +156,6 @@ def parse_catalogue(text: str) -> Catalogue:
 
 @cache
 def catalogue() -> Catalogue:
-    """The catalogue shipped with the package (parsed once)."""
+    """Return the catalogue shipped with the package (parsed once)."""
     text = resources.files("gpumetrics.metrics").joinpath("catalogue.yaml").read_text("utf-8")
     return parse_catalogue(text)

@@ -108,7 +108,7 @@ class SidecarParts:
 
 
 def _simulated_node_config(config: SidecarConfig) -> SidecarConfig:
-    """The configuration for a simulated node.
+    """Return the configuration for a simulated node.
 
     The simulated node's pids are not this machine's, so unless ``collection.pid_max`` is set
     they are checked against Linux's largest ``pid_max`` (2^22) rather than this machine's
