@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return len(body)
 
     def pull_ours() -> int:
-        return consumer.drain().bytes
+        return consumer.drain().size_bytes
 
     try:
         _wait("nvitop-exporter", lambda: b"gpu_utilization" in urllib.request.urlopen(

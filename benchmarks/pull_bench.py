@@ -109,7 +109,7 @@ def run(repetitions: int) -> dict[str, Any]:
             "batches": len(batches),
             "seconds": 60,
             "points": first.points,
-            "bytes": first.bytes,
+            "bytes": first.size_bytes,
             "build_s": build_s,
         },
         "repetitions": repetitions,

@@ -19,10 +19,10 @@ MAX_RECEIVE = 64 * 1024 * 1024
 
 @dataclass
 class Drain:
-    """One drain: pulls made, serialized OTLP bytes and points received, wall seconds."""
+    """One drain: pulls made, serialized OTLP bytes (``size_bytes``) and points, wall seconds."""
 
     pulls: int = 0
-    bytes: int = 0
+    size_bytes: int = 0
     points: int = 0
     seconds: float = 0.0
     first_sequence: int = 0
@@ -69,7 +69,7 @@ class PullConsumer:
             )
             d.pulls += 1
             if r.export_metrics_service_request:
-                d.bytes += len(r.export_metrics_service_request)
+                d.size_bytes += len(r.export_metrics_service_request)
                 d.points += r.data_points
                 d.first_sequence = d.first_sequence or r.first_sequence
                 d.last_sequence = r.last_sequence

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from gpumetrics.nvml import sim
 from gpumetrics.nvml.sim import launcher
@@ -35,7 +36,7 @@ def _dumper(directory: Path, wanted: threading.Event) -> None:
         if drv is None:
             continue
         n += 1
-        stats = dict(drv.stats())
+        stats: dict[str, Any] = dict(drv.stats())
         by_function: dict[str, int] = {}
         for (function, _), count in drv.calls.items():
             by_function[function] = by_function.get(function, 0) + count

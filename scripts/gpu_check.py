@@ -84,16 +84,19 @@ def _calls(pynvml: Any, h: Any) -> list[tuple[str, str, Callable[[], Any], int]]
          lambda: p.nvmlDeviceGetTotalEccErrors(h, 1, 0), 1),
     ]  # fmt: skip
     for domain, clk in (("graphics", 0), ("sm", 1), ("memory", 2), ("video", 3)):
-        c.append(
-            ("nvmlDeviceGetClockInfo", domain, lambda k=clk: p.nvmlDeviceGetClockInfo(h, k), 1)
-        )
+        c.append(("nvmlDeviceGetClockInfo", domain, _bind(p.nvmlDeviceGetClockInfo, h, clk), 1))
     for name, st in (("GPU_UTILIZATION", 1), ("MEMORY_UTILIZATION", 2), ("TOTAL_POWER", 0)):
-        c.append(("nvmlDeviceGetSamples", name, lambda s=st: p.nvmlDeviceGetSamples(h, s, 0), 1))
+        c.append(("nvmlDeviceGetSamples", name, _bind(p.nvmlDeviceGetSamples, h, st, 0), 1))
     for name, ctr in (("TX", 0), ("RX", 1)):
         # ~20 ms each on hardware: measured twice only
-        c.append(("nvmlDeviceGetPcieThroughput", name,
-                  lambda k=ctr: p.nvmlDeviceGetPcieThroughput(h, k), 0))  # fmt: skip
+        c.append(
+            ("nvmlDeviceGetPcieThroughput", name, _bind(p.nvmlDeviceGetPcieThroughput, h, ctr), 0)
+        )
     return c
+
+
+def _bind(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
+    return lambda: fn(*args)
 
 
 def _clock_now_us() -> dict[str, int]:
@@ -218,7 +221,7 @@ def cmd_cycles(ns: argparse.Namespace) -> int:
     tel = Telemetry()
     producer = Producer(telemetry=tel, self_telemetry=tel)
     col = Collector(producer, settings, tel)
-    rows = []
+    rows: list[dict[str, Any]] = []
     done = threading.Event()
     try:
         for i in range(ns.cycles):
