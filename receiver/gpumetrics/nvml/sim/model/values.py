@@ -44,9 +44,10 @@ __all__ = [
 
 
 class Strict(BaseModel):
-    """Base of every scenario model: unknown keys are errors, instances are immutable."""
+    """Base of every scenario model: unknown keys are errors, instances are immutable, and
+    numbers are finite (a NaN or infinite reading is a validation error naming the field)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _code(value: object) -> int:
