@@ -279,6 +279,29 @@ def test_scenario_file_nesting_is_a_clear_error(tmp_path: Path, text: str) -> No
         sim.load_scenario(path)
 
 
+@pytest.mark.parametrize(
+    ("reading", "field"),
+    [
+        ("memory: {total_bytes: 100, used_bytes: .nan}", "devices[0].memory.used_bytes"),
+        ("power: {usage_mw: .inf}", "devices[0].power.usage_mw"),
+        ("temperature_c: {pattern: sine, min: 1, max: .inf, period_s: 2}", "temperature_c"),
+    ],
+    ids=["nan_used_bytes", "inf_power", "inf_in_pattern"],
+)
+def test_scenario_non_finite_readings_are_rejected(
+    tmp_path: Path, reading: str, field: str
+) -> None:
+    """Found by test_scenario_files: NaN passed validation, then the simulator answered UNKNOWN
+    with an internal_error violation (``cannot convert float NaN to integer``)."""
+    path = tmp_path / "nan.yaml"
+    path.write_text(f"format: 1\ndevices:\n- uuid: GPU-1\n  {reading}\n")
+    with pytest.raises(sim.ScenarioError) as err:
+        sim.load_scenario(path)
+    assert any(
+        p.startswith("devices[0]") and field.split(".")[-1] in p for p, _ in err.value.problems
+    )
+
+
 # -- sidecar configuration files -------------------------------------------------------------
 
 _CONFIG_LINE = re.compile(r"^('.*'( \(from .*\))?: |config file |GPUMETRICS_[A-Z_]+=)", re.S)
