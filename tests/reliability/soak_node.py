@@ -90,8 +90,11 @@ class SoakNode:
                     "pid_max": PID_MAX,
                     "pcie_interval_s": 0,
                     "errors_interval_s": 10,
-                    "call_timeout_s": 0.05,
-                    "cycle_timeout_s": 1.0,
+                    # Real-time deadlines (workers.py): long enough that an unfaulted call on a
+                    # loaded 2-core machine never reaches them, short enough that each hang
+                    # costs only half a second.
+                    "call_timeout_s": 0.5,
+                    "cycle_timeout_s": 2.0,
                     "device_backoff_initial_s": 1,
                     "device_backoff_max_s": 2,
                     "init_backoff_initial_s": 1,

@@ -214,7 +214,8 @@ def test_soak(form, figures, timed) -> None:
             lost_checked += len(lost) if report.up else 0
             if cycle in checkpoints:
                 assert report.up and all(s["ok"] == 1 for s in hw_status(request).values()), (
-                    f"cycle {cycle}: not every GPU recovered: {hw_status(request)}"
+                    f"cycle {cycle}: not every GPU recovered: {hw_status(request)}; "
+                    f"timed out this cycle: {report.timed_out}"
                 )
             services = _check_identity(cycle, request, live)
             n = len(services)
