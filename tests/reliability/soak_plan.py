@@ -76,7 +76,12 @@ class Episode:
     init_failures: int = 0
 
     def faults(self) -> list[dict[str, Any]]:
-        """The scenario ``faults`` entries of this episode (lose/hang act from the soak loop)."""
+        """The scenario ``faults`` entries of this episode (lose/restore act from the soak loop).
+
+        Every entry ends with its episode: a fault whose call did not come in its window (the
+        GPU was failed, or the capability had been switched off by an earlier NOT_SUPPORTED)
+        must not fire later, outside the plan.
+        """
         if self.kind == "error":
             return [
                 {
@@ -104,6 +109,7 @@ class Episode:
                     "device": self.device,
                     "hang": True,
                     "from_cycle": self.start,
+                    "until_cycle": self.end,
                     "calls": 1,
                 }
             ]
@@ -114,6 +120,7 @@ class Episode:
                     "device": self.device,
                     "code": self.code,
                     "from_cycle": self.start,
+                    "until_cycle": self.end,
                     "calls": 1,
                 }
             ]
@@ -123,6 +130,7 @@ class Episode:
                         "function": "nvmlInitWithFlags",
                         "code": "DRIVER_NOT_LOADED",
                         "from_cycle": self.start,
+                        "until_cycle": self.end + self.recovery,
                         "calls": self.init_failures,
                     }
                 )
