@@ -223,6 +223,7 @@ def machine() -> dict[str, Any]:
         "mem_total_bytes": _mem_total_bytes(),
         "kernel": platform.release(),
         "python": sys.version.split()[0],
+        "loadavg": os.getloadavg(),
         "packages": versions(),
     }
 

@@ -274,11 +274,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             s.start()
         time.sleep(args.warmup)
         before = {e.name: e.dump_stats() for e in (nvitop, ours)}
+        load0 = os.getloadavg()
         edge0 = {e.name: _edge(e) for e in (nvitop, ours)}
         t0 = time.monotonic()
         time.sleep(args.window)
         edge1 = {e.name: _edge(e) for e in (nvitop, ours)}
         secs = time.monotonic() - t0
+        load1 = os.getloadavg()
         after = {e.name: e.dump_stats() for e in (nvitop, ours)}
         results = {
             e.name: _window(e, before[e.name], after[e.name], edge0[e.name], edge1[e.name], secs)
@@ -302,6 +304,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "scenario": {"gpus": args.gpus, "processes": args.gpus * args.processes_per_gpu,
                      "profile": "h100-8x-training", "interval_s": args.interval},
         "warmup_s": args.warmup,
+        "loadavg_1m_at_window_start": load0[0],
+        "loadavg_1m_at_window_end": load1[0],
         "window_s": secs,
         "exporters": results,
         "exit_codes": codes,

@@ -114,7 +114,7 @@ step cycles $((CYCLES * 3 + 120)) "${RUNPY[@]}" "$REPO/scripts/gpu_check.py" cyc
 RUN=$(mktemp -d /tmp/gpumetrics-check.XXXXXX)  # short path: unix socket names are limited
 SOCK="unix:$RUN/sidecar.sock"
 timeout -k 5 $((DURATION + 120)) "$PY" -m gpumetrics serve --listen "$SOCK" \
-  --collection-interval 1 --batch-interval 5 --log-level debug "${SERVE_SIM[@]}" \
+  --collection-interval 1 --batch-interval 5 --log-level debug ${SERVE_SIM[@]+"${SERVE_SIM[@]}"} \
   > "$OUT/logs/sidecar.out" 2> "$OUT/logs/sidecar.err" &
 SIDECAR=$!
 started=$(date +%s)
@@ -127,8 +127,10 @@ sleep "$DURATION"
 pull pull-2
 if [ "$HAVE_SMI" = 1 ]; then
   step smi-after 300 "$PY" "$REPO/scripts/gpu_report.py" smi --out "$OUT" --name smi.json
-else
+elif [ -n "$SIMULATE" ]; then
   step smi-emulated 120 "${RUNPY[@]}" "$REPO/scripts/gpu_report.py" smi --emulate --out "$OUT"
+else
+  printf 'smi\tskipped: nvidia-smi not found\t0\n' >> "$OUT/steps.tsv"
 fi
 # $SIDECAR is timeout(1); the sidecar is its child
 child=$(cat "/proc/$SIDECAR/task/$SIDECAR/children" 2> /dev/null | awk '{ print $1 }')

@@ -9,7 +9,8 @@ nvidia-smi and the summary are in ``scripts/gpu_report.py``):
     is recorded as ``hung`` and nothing more is called on that GPU); classifies failures with
     ``gpumetrics.nvml.query.classify`` (unsupported, no_permission, function_missing, ...); and
     compares the newest ``nvmlDeviceGetSamples`` / per-process sample timestamps with
-    ``time.time()``, ``CLOCK_BOOTTIME`` and ``CLOCK_MONOTONIC`` read right after. ``probe.json``.
+    ``time.time()``, ``CLOCK_BOOTTIME`` and ``CLOCK_MONOTONIC`` read right after. ``probe.json``;
+    exit 3 when NVML cannot be initialised (its error is in ``probe.json``), 4 after a hung call.
 ``cycles``
     Runs the real ``Collector`` (default ``CollectionSettings``) for ``--cycles`` cycles one
     interval apart and records each cycle's wall and process-CPU time. ``cycles.json``.
@@ -182,9 +183,14 @@ def _probe_device(pynvml: Any, index: int, repeat: int, timeout_s: float) -> dic
 def cmd_probe(ns: argparse.Namespace) -> int:
     """Probe every GPU (see the module docstring); write probe.json."""
     import pynvml
+    from gpumetrics.nvml.query import classify
 
     t0 = time.perf_counter()
-    pynvml.nvmlInit()
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:  # no driver, no library, version mismatch...
+        _write(ns.out, "probe.json", {"init_error": str(classify("nvmlInit", exc))})
+        return 3
     out: dict[str, Any] = {"init_ms": 1000 * (time.perf_counter() - t0), "system": {}}
     for name in ("nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion",
                  "nvmlSystemGetCudaDriverVersion", "nvmlDeviceGetCount"):  # fmt: skip

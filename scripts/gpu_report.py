@@ -234,7 +234,9 @@ def summary(out: Path) -> str:
         lines.append(f"- GPU state after the check: {diff.read_text().strip()}")
     lines.append("")
     probe = _read(out, "probe.json")
-    if probe:
+    if probe and "init_error" in probe:
+        lines += [f"NVML could not be initialised: {probe['init_error']}", ""]
+    if probe and "devices" in probe:
         lines += ["## NVML calls (per-call latency, µs)", "", f"system: {probe.get('system')}", ""]
         lines += [
             "| GPU | call | arg | median µs | max µs | outcome |",
