@@ -7,6 +7,9 @@ from gpumetrics.metrics import (
     encode_metric,
     names,
 )
+from gpumetrics.metrics.encode import set_any_value
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
@@ -102,3 +105,89 @@ def test_encoding_error_names_the_metric():
         encode_metric(
             m, catalogue().metrics[names.MetricPower], [Point(1.0, T, (("k", object()),))]
         )
+
+
+# --- the wire-bytes fast path equals the field-by-field protobuf encoding -----------------------
+
+
+def reference_metric(spec, points):
+    """The plain protobuf-API encoding the fast path must reproduce."""
+    m = metrics_pb2.Metric(name=spec.name, description=spec.description, unit=spec.unit)
+    if spec.instrument.is_sum:
+        data = m.sum
+        data.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+        data.is_monotonic = spec.instrument.is_monotonic
+    else:
+        data = m.gauge
+        data.SetInParent()
+    for p in points:
+        dp = data.data_points.add(time_unix_nano=p.time_unix_nano)
+        if p.start_time_unix_nano:
+            dp.start_time_unix_nano = p.start_time_unix_nano
+        if spec.value_type.value == "int":
+            dp.as_int = p.value
+        else:
+            dp.as_double = p.value
+        for k, v in p.attributes:
+            set_any_value(dp.attributes.add(key=k).value, v, k)
+    return m
+
+
+scalar = st.one_of(
+    st.text(max_size=8),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False),
+    st.binary(max_size=4),
+)
+attr_value = st.one_of(scalar, st.lists(scalar, max_size=3))
+attributes = st.dictionaries(st.text(min_size=1, max_size=6), attr_value, max_size=4).map(
+    lambda d: tuple(d.items())
+)
+times = st.integers(1, 2**64 - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from(
+        [names.MetricPower, names.MetricEnergy, names.MetricGPUMemoryUsage, names.MetricErrors]
+    ),
+    raw=st.lists(
+        st.tuples(st.integers(0, 2**63 - 1), st.floats(0, 1e12), times, times, attributes),
+        max_size=6,
+    ),
+    use_cache=st.booleans(),
+)
+def test_fast_encoding_equals_the_protobuf_api_encoding(name, raw, use_cache):
+    spec = catalogue().metrics[name]
+    is_int = spec.value_type.value == "int"
+    points = [
+        Point(i if is_int else f, t, attrs, s if spec.instrument.is_sum else 0)
+        for i, f, t, s, attrs in raw
+    ]
+    got = metrics_pb2.Metric()
+    assert encode_metric(got, spec, points, {} if use_cache else None) == len(points)
+    assert got == reference_metric(spec, points)
+
+
+def test_the_attribute_cache_is_filled_once_per_distinct_tuple_and_reused():
+    spec = catalogue().metrics[names.MetricPower]
+    a, b = (("hw.id", "GPU-1"),), (("hw.id", "GPU-2"),)
+    cache = {}
+    m1, m2 = metrics_pb2.Metric(), metrics_pb2.Metric()
+    encode_metric(m1, spec, [Point(1.0, T, a), Point(2.0, T, b), Point(3.0, T, a)], cache)
+    assert set(cache) == {a, b}
+    cache[a] = cache[b]  # a poisoned entry proves the second call reads the cache
+    encode_metric(m2, spec, [Point(1.0, T, a)], cache)
+    assert m2.gauge.data_points[0].attributes[0].value.string_value == "GPU-2"
+
+
+def test_unhashable_attribute_values_are_encoded_without_the_cache():
+    spec = catalogue().metrics[names.MetricPower]
+    cache = {}
+    m = metrics_pb2.Metric()
+    encode_metric(m, spec, [Point(1.0, T, (("tags", ["a", "b"]),))], cache)
+    assert cache == {}
+    assert [
+        v.string_value for v in m.gauge.data_points[0].attributes[0].value.array_value.values
+    ] == ["a", "b"]

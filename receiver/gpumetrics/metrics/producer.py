@@ -18,7 +18,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from gpumetrics.metrics import names
 from gpumetrics.metrics.buffer import MetricBuffer
-from gpumetrics.metrics.encode import encode_attributes, encode_metric
+from gpumetrics.metrics.encode import AttributeCache, encode_attributes, encode_metric
 from gpumetrics.metrics.spec import MetricSpec, Scope, catalogue
 
 if TYPE_CHECKING:  # selftelemetry builds on this package; importing it here would be circular
@@ -124,11 +124,11 @@ class Producer:
             self._host, self._processes = MetricBuffer(self._specs), {}
             return host, procs, self._resourcer
 
-    def _encode_buffer(self, target: Any, buf: MetricBuffer) -> int:
+    def _encode_buffer(self, target: Any, buf: MetricBuffer, cache: AttributeCache) -> int:
         n = 0
         for spec, points in buf.items():
             if spec.name not in self._disabled:
-                n += encode_metric(target.add(), spec, points)
+                n += encode_metric(target.add(), spec, points, cache)
         return n
 
     def _new_scope_metrics(self, rm: metrics_pb2.ResourceMetrics, scope: Scope) -> Any:
@@ -152,7 +152,8 @@ class Producer:
 
         """
         host, procs, resourcer = self._drain()
-        n = self._encode_buffer(host_metrics, host)
+        cache: AttributeCache = {}  # a GPU's attribute tuples repeat across metrics and processes
+        n = self._encode_buffer(host_metrics, host, cache)
         for pid in sorted(procs):
             buf = procs[pid]
             attrs: dict[str, Any] = {names.AttrProcessPID: pid}
@@ -164,7 +165,7 @@ class Producer:
             rm = resources.add()
             encode_attributes(rm.resource.attributes, attrs.items())
             sm = self._new_scope_metrics(rm, self._scope)
-            written = self._encode_buffer(sm.metrics, buf)
+            written = self._encode_buffer(sm.metrics, buf, cache)
             if not written:
                 del resources[-1]
             n += written
@@ -181,8 +182,7 @@ class Producer:
         host_rm = req.resource_metrics.add()
         encode_attributes(host_rm.resource.attributes, self._host_attributes.items())
         sm = self._new_scope_metrics(host_rm, self._scope)
-        proc_req = metrics_service_pb2.ExportMetricsServiceRequest()
-        self.produce(sm.metrics, proc_req.resource_metrics)
+        self.produce(sm.metrics, req.resource_metrics)  # processes land after the host resource
         if not sm.metrics:
             del host_rm.scope_metrics[-1]
         if self._self_telemetry is not None:
@@ -190,6 +190,5 @@ class Producer:
             if not self._self_telemetry.render(self_sm.metrics):
                 del host_rm.scope_metrics[-1]
         if not host_rm.scope_metrics:
-            del req.resource_metrics[-1]
-        req.resource_metrics.extend(proc_req.resource_metrics)
+            del req.resource_metrics[0]
         return req

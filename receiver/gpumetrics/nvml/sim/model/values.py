@@ -44,8 +44,11 @@ __all__ = [
 
 
 class Strict(BaseModel):
-    """Base of every scenario model: unknown keys are errors, instances are immutable, and
-    numbers are finite (a NaN or infinite reading is a validation error naming the field)."""
+    """Base of every scenario model: strict, immutable, finite.
+
+    Unknown keys are errors, instances are immutable, and numbers are finite (a NaN or infinite
+    reading is a validation error naming the field).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
