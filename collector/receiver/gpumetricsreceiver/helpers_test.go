@@ -129,7 +129,12 @@ func newScraper(t *testing.T, env *testEnv, cfg *Config) *pullScraper {
 // cycle runs one scrape and hands its result to next through the acknowledging consumer, as the
 // scraper controller does. It returns the scrape error and the consumer error.
 func cycle(s *pullScraper, next consumer.Metrics) (scrapeErr, consumeErr error) {
-	md, scrapeErr := s.scrape(context.Background())
+	return cycleCtx(context.Background(), s, next)
+}
+
+// cycleCtx is cycle with the scrape's context (its deadline stands for the controller's timeout).
+func cycleCtx(ctx context.Context, s *pullScraper, next consumer.Metrics) (scrapeErr, consumeErr error) {
+	md, scrapeErr := s.scrape(ctx)
 	if scrapeErr != nil && !scrapererror.IsPartialScrapeError(scrapeErr) {
 		// the controller drops a failed scraper's output but still calls the consumer
 		md = pmetric.NewMetrics()

@@ -98,13 +98,17 @@ func TestRemotePullUntilNotMore(t *testing.T) {
 func TestRemoteEmptyScrapeIsNotForwarded(t *testing.T) {
 	fake := fakesidecar.New(fakesidecar.Options{})
 	s := newScraper(t, newTestEnv(t), remoteConfig(serveTCP(t, fake)))
+	clock := useFakeClock(s, time.Now())
 	next := newScriptedConsumer()
 
-	// before the sidecar's first collection: UNAVAILABLE, a failed scrape, nothing forwarded
+	// no collection stored during the whole scrape (retries included): UNAVAILABLE, a failed
+	// scrape, nothing forwarded
 	scrapeErr, consumeErr := cycle(s, next)
 	assert.Equal(t, codes.Unavailable, status.Code(errors.Unwrap(scrapeErr)), "scrape error: %v", scrapeErr)
 	require.NoError(t, consumeErr)
 	assert.Empty(t, next.calls, "a failed scrape: the pipeline is not called")
+	failedPulls := len(fake.Requests())
+	assert.Equal(t, len(clock.recorded())+1, failedPulls, "retried until the budget was spent")
 
 	fake.Append(fakesidecar.Gauge("b1", 1))
 	_, _ = cycle(s, next)
@@ -112,7 +116,7 @@ func TestRemoteEmptyScrapeIsNotForwarded(t *testing.T) {
 	scrapeErr, consumeErr = cycle(s, next) // acknowledges b1; nothing new after it
 	require.NoError(t, scrapeErr)
 	require.NoError(t, consumeErr)
-	assert.Len(t, fake.Requests(), 3)
+	assert.Len(t, fake.Requests(), failedPulls+2)
 	assert.Empty(t, next.calls, "nothing new: the pipeline is not called")
 	assert.Equal(t, []string{"b1"}, next.batchLabels())
 }
@@ -352,10 +356,12 @@ func TestRemoteRestartBetweenTwoPulls(t *testing.T) {
 	assert.Equal(t, 1, env.logs.FilterMessageSnippet("sidecar restarted").Len())
 }
 
+// TestRemotePullFailsMidScrape: a Pull fails for good (a code that is not retried) after an
+// earlier one of the same scrape succeeded.
 func TestRemotePullFailsMidScrape(t *testing.T) {
 	fake := fakesidecar.New(fakesidecar.Options{MaxBatchesPerPull: 1})
 	appendBatches(fake, 2, 1)
-	fake.FailRequest(2, status.Error(codes.Unavailable, "store busy"))
+	fake.FailRequest(2, status.Error(codes.Internal, "store busy"))
 	s := newScraper(t, newTestEnv(t), remoteConfig(serveTCP(t, fake)))
 	next := newScriptedConsumer()
 

@@ -44,6 +44,8 @@ type pullScraper struct {
 
 	// connect makes a new connection: a go-plugin subprocess or a gRPC client.
 	connect func(ctx context.Context) (sidecar.Conn, error)
+	// retry is how a Pull answered with UNAVAILABLE is retried within a scrape (retry.go).
+	retry pullRetry
 
 	// stopped is cancelled when the receiver shuts down, ending an in-flight scrape at once
 	// (the controller waits for it before it calls shutdown).
@@ -59,7 +61,7 @@ func newPullScraper(set receiver.Settings, cfg *Config) (*pullScraper, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &pullScraper{cfg: cfg, logger: set.Logger, telemetry: tb, consumer: cfg.Consumer}
+	s := &pullScraper{cfg: cfg, logger: set.Logger, telemetry: tb, consumer: cfg.Consumer, retry: defaultPullRetry()}
 	s.stopped, s.stopScrape = context.WithCancel(context.Background())
 	if s.consumer == "" {
 		s.consumer = set.ID.String()
@@ -206,13 +208,13 @@ func (s *pullScraper) connection(ctx context.Context) (sidecar.Conn, error) {
 }
 
 // dropIfLost closes conn after a failed Pull when it cannot recover by itself (a subprocess that
-// exited or stopped answering), so the next scrape starts a new one. The check gets its own
-// deadline: the scrape's may be spent by the Pull that failed.
-func (s *pullScraper) dropIfLost(conn sidecar.Conn) {
+// exited or stopped answering), so the next scrape starts a new one, and reports whether it did.
+// The check gets its own deadline: the scrape's may be spent by the Pull that failed.
+func (s *pullScraper) dropIfLost(conn sidecar.Conn) bool {
 	ctx, cancel := context.WithTimeout(s.stopped, lostCheckTimeout)
 	defer cancel()
 	if !conn.Lost(ctx) {
-		return
+		return false
 	}
 	s.logger.Warn("The gpumetrics sidecar process is gone; a new one is started at the next scrape")
 	s.mu.Lock()
@@ -223,17 +225,20 @@ func (s *pullScraper) dropIfLost(conn sidecar.Conn) {
 	if err := conn.Close(ctx); err != nil {
 		s.logger.Debug("Closing the lost sidecar", zap.Error(err))
 	}
+	return true
 }
 
 // scrape reads the sidecar's backlog and returns it as one pmetric.Metrics. It starts reading
 // right after what the pipeline accepted (so batches the pipeline refused are read again) and
 // pulls with read_after_sequence advancing through the answers until the sidecar says there is
 // no more, at most max_pulls_per_scrape times; nothing is acknowledged meanwhile. What it returns
-// is recorded as pending and settled by ackingConsumer once the pipeline answered. A Pull that
-// fails after earlier ones succeeded gives a partial scrape error, so the data already pulled
-// still reaches the pipeline.
+// is recorded as pending and settled by ackingConsumer once the pipeline answered. A Pull
+// answered with UNAVAILABLE (a sidecar starting or restarting) is retried within the scrape
+// (pullRetrying). A Pull that fails for good after earlier ones succeeded gives a partial scrape
+// error, so the data already pulled still reaches the pipeline.
 func (s *pullScraper) scrape(ctx context.Context) (pmetric.Metrics, error) {
 	md := pmetric.NewMetrics()
+	budget := s.retry.newBudget(ctx, s.cfg.Timeout)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(s.stopped, cancel)()
@@ -254,10 +259,9 @@ func (s *pullScraper) scrape(ctx context.Context) (pmetric.Metrics, error) {
 	readAfter := s.cursor.readStart()
 	for range s.cfg.MaxPullsPerScrape {
 		req := s.cursor.request(s.consumer, readAfter, s.cfg.MaxDataPointsPerPull, s.cfg.MaxBytesPerPull, false)
-		resp, err := conn.Pull(ctx, req)
+		resp, err := s.pullRetrying(ctx, conn, req, budget)
 		if err != nil {
-			pullErr = fmt.Errorf("pull from the gpumetrics sidecar: %w", err)
-			s.dropIfLost(conn)
+			pullErr = budget.wrap(err, s.retry.now())
 			break
 		}
 		s.cursor.delivered(req)
@@ -288,6 +292,10 @@ func (s *pullScraper) scrape(ctx context.Context) (pmetric.Metrics, error) {
 		if !more {
 			break
 		}
+	}
+	if pullErr == nil && budget.retries > 0 {
+		s.logger.Debug("The gpumetrics sidecar answered after retries within the scrape",
+			zap.Int("retries", budget.retries), zap.Duration("elapsed", s.retry.now().Sub(budget.start)))
 	}
 	if pullErr == nil && more {
 		s.logger.Debug("Backlog left for the next scrape after max_pulls_per_scrape pulls",

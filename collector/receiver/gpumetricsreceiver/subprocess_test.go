@@ -2,18 +2,22 @@ package gpumetricsreceiver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/component/componenttest"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/sidecar"
 )
@@ -122,6 +126,7 @@ func waitExit(t *testing.T, pid int) {
 func TestSubprocessRestartsALostSidecar(t *testing.T) {
 	env := newTestEnv(t)
 	s := newScraper(t, env, subprocessConfig(t))
+	clock := useFakeClock(s, time.Now())
 	next := newScriptedConsumer()
 	_, _ = cycle(s, next)
 	first := next.pluginPids()
@@ -131,7 +136,9 @@ func TestSubprocessRestartsALostSidecar(t *testing.T) {
 	waitExit(t, int(first[0]))
 
 	scrapeErr, _ := cycle(s, next)
-	require.ErrorContains(t, scrapeErr, "pull from the gpumetrics sidecar")
+	require.ErrorContains(t, scrapeErr, "pull from the gpumetrics sidecar: ")
+	assert.Equal(t, codes.Unavailable, status.Code(errors.Unwrap(scrapeErr)), "scrape error: %v", scrapeErr)
+	assert.Empty(t, clock.recorded(), "a dead subprocess is dropped, not retried")
 	assert.Equal(t, 1, env.logs.FilterMessageSnippet("sidecar process is gone").Len())
 
 	scrapeErr, consumeErr := cycle(s, next)
@@ -141,6 +148,27 @@ func TestSubprocessRestartsALostSidecar(t *testing.T) {
 	require.Len(t, pids, 6, "the new sidecar's three batches")
 	assert.NotEqual(t, first[0], pids[3])
 	assert.Equal(t, 1, env.logs.FilterMessageSnippet("sidecar restarted").Len(), "new epoch detected")
+}
+
+// TestSubprocessRetriesAStartingSidecar: a live plugin answers UNAVAILABLE to its first three
+// Pulls (no collection stored yet); the scrape retries (the process is checked before each
+// retry and is there) and delivers the batches, keeping the same process.
+func TestSubprocessRetriesAStartingSidecar(t *testing.T) {
+	env := newTestEnv(t)
+	cfg := subprocessConfig(t)
+	cfg.Env["TESTPLUGIN_UNAVAILABLE_PULLS"] = "3"
+	s := newScraper(t, env, cfg)
+	clock := useFakeClock(s, time.Now())
+	conn := s.conn
+	next := newScriptedConsumer()
+
+	scrapeErr, consumeErr := cycle(s, next)
+	require.NoError(t, scrapeErr)
+	require.NoError(t, consumeErr)
+	assert.Equal(t, []string{"b1", "b2", "b3"}, next.batchLabels())
+	assert.Equal(t, ms(100, 200, 400), clock.recorded())
+	assert.Same(t, conn, s.conn, "the starting sidecar was kept")
+	assert.Zero(t, env.logs.FilterMessageSnippet("sidecar process is gone").Len())
 }
 
 func TestSubprocessStartFailures(t *testing.T) {

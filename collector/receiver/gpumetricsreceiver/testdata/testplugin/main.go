@@ -4,7 +4,9 @@
 //
 // Environment (set through the receiver's `env`):
 //
-//	TESTPLUGIN_BATCHES  number of initial batches (default 3)
+//	TESTPLUGIN_BATCHES            number of initial batches (default 3)
+//	TESTPLUGIN_UNAVAILABLE_PULLS  the first this many Pulls fail with UNAVAILABLE, as a sidecar
+//	                              whose first collection is not stored yet answers (default 0)
 package main
 
 import (
@@ -13,23 +15,35 @@ import (
 	"strconv"
 
 	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/fakesidecar"
 	"github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/sidecar"
 )
 
-func main() {
-	n := 3
-	if v := os.Getenv("TESTPLUGIN_BATCHES"); v != "" {
-		parsed, err := strconv.Atoi(v)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "[ERROR] TESTPLUGIN_BATCHES=%q: %v\n", v, err)
-			os.Exit(2)
-		}
-		n = parsed
+// intEnv returns the integer value of the environment variable key, or def when it is unset;
+// a value that is not an integer ends the process.
+func intEnv(key string, def int) int {
+	v := os.Getenv(key)
+	if v == "" {
+		return def
 	}
+	parsed, err := strconv.Atoi(v)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "[ERROR] %s=%q: %v\n", key, v, err)
+		os.Exit(2)
+	}
+	return parsed
+}
+
+func main() {
+	n := intEnv("TESTPLUGIN_BATCHES", 3)
 	pid := os.Getpid()
 	fake := fakesidecar.New(fakesidecar.Options{Epoch: "pid-" + strconv.Itoa(pid), MaxBatchesPerPull: 2})
+	for i := range intEnv("TESTPLUGIN_UNAVAILABLE_PULLS", 0) {
+		fake.FailRequest(i+1, status.Error(codes.Unavailable, "no collection has been stored yet; retry later"))
+	}
 	for i := range n {
 		md := fakesidecar.Gauge("b"+strconv.Itoa(i+1), 2)
 		md.ResourceMetrics().At(0).Resource().Attributes().PutInt("process.pid", int64(pid))
