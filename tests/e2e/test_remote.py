@@ -1,7 +1,7 @@
 """End-to-end, remote mode: the sidecar runs as its own process on a unix socket, the real
 Collector attaches to it (collector-config/e2e-remote.yaml); then the sidecar is restarted
-mid-run on the same address and the data resumes under the new store epoch, with no error loop
-and no duplicated points (docs/e2e.md)."""
+mid-run on the same address and the data resumes under the new store epoch, with no failed
+scrape and no duplicated points (docs/e2e.md)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ pytestmark = pytest.mark.e2e
 
 DATA_TIMEOUT_S = 90.0
 SCRAPES = 3
-# Scrapes that may fail while the two sidecars start (see assert_epoch_change_handled).
-MAX_FAILED_SCRAPES = 4
 RESTARTED = "The gpumetrics sidecar restarted (new store epoch); acknowledgement cursor reset"
 
 
@@ -121,14 +119,15 @@ def test_remote_mode_with_sidecar_restart(otelcol: Path, tmp_path: Path, gpu_pro
 
 
 def assert_epoch_change_handled(records: list[dict[str, object]]) -> None:
-    """The receiver saw exactly one new epoch, moved to it once (no flip-flop), and nothing
-    failed once data flowed again (no error loop).
+    """The receiver saw exactly one new epoch, moved to it once (no flip-flop), and no scrape
+    failed, neither at the first start nor across the restart.
 
-    A scrape may fail while a sidecar starts: before it listens (the Pull waits for the
-    connection up to the scrape timeout, so that rarely fails) and, once it listens, until its
-    first collection is stored (the sidecar answers UNAVAILABLE "no collection has been stored
-    yet" and the receiver does not retry within the scrape). Those are tolerated, a few at most,
-    and only as UNAVAILABLE.
+    While a sidecar starts, a Pull first waits for the connection (up to the scrape `timeout`,
+    5 s here) and is then answered UNAVAILABLE "no collection has been stored yet" until the
+    first collection is stored; the receiver retries that within the scrape for 4/5 of the
+    timeout. Here a start or restart takes about 1-2 s from the old sidecar's last answer to the
+    new one's first (0.1-0.5 s of it answering UNAVAILABLE), well inside the 4 s the retries
+    cover, so no tolerance is needed: any `Error scraping metrics` is a regression.
     """
     restarts = [i for i, r in enumerate(records) if r.get("msg") == RESTARTED]
     assert len(restarts) == 1, f"want one epoch change logged, got {len(restarts)}"
@@ -144,6 +143,4 @@ def assert_epoch_change_handled(records: list[dict[str, object]]) -> None:
     assert not errors_after, f"errors after data resumed: {errors_after[:3]}"
 
     failed = [r for r in records if r.get("msg") == "Error scraping metrics"]
-    assert len(failed) <= MAX_FAILED_SCRAPES, f"{len(failed)} failed scrapes: an error loop"
-    for r in failed:
-        assert "code = Unavailable" in str(r.get("error")), f"unexpected scrape error: {r}"
+    assert not failed, f"{len(failed)} failed scrapes, first: {failed[0].get('error')}"
