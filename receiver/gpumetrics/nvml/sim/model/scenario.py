@@ -21,12 +21,13 @@ __all__ = ["ClockSpec", "DriverSpec", "Fault", "Override", "Event", "Scenario", 
 class ClockSpec(Strict):
     """Simulated time.
 
-    ``cycle_seconds``: length of one collection cycle (cycle 1 starts at install).
+    ``cycle_seconds``: length of one collection cycle (cycle 1 starts at install); at least
+    1 µs, the resolution of simulated time (a shorter cycle would round to 0).
     ``start_unix``: where a manual clock starts (seconds since the epoch).
     ``uptime_s``: how long the host has been up at install (origin of the boot clock).
     """
 
-    cycle_seconds: float = Field(default=1.0, gt=0)
+    cycle_seconds: float = Field(default=1.0, ge=1e-6)
     start_unix: float = Field(default=DEFAULT_START_UNIX, ge=0)
     uptime_s: float = Field(default=259_200.0, ge=0)
 
