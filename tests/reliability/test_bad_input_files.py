@@ -302,6 +302,16 @@ def test_scenario_non_finite_readings_are_rejected(
     )
 
 
+def test_scenario_cycle_shorter_than_the_clock_resolution_is_rejected(tmp_path: Path) -> None:
+    """Found by test_scenario_files (long form): ``cycle_seconds: 1e-273`` passed ``gt=0``, then
+    rounded to a 0 µs cycle and every cycle computation divided by zero."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text("format: 1\nclock: {cycle_seconds: 1.0e-273}\ndevices: [{uuid: GPU-1}]\n")
+    with pytest.raises(sim.ScenarioError) as err:
+        sim.load_scenario(path)
+    assert [p for p, _ in err.value.problems] == ["clock.cycle_seconds"]
+
+
 # -- sidecar configuration files -------------------------------------------------------------
 
 _CONFIG_LINE = re.compile(r"^('.*'( \(from .*\))?: |config file |GPUMETRICS_[A-Z_]+=)", re.S)
