@@ -18,15 +18,11 @@ from typing import TypeAlias
 
 from opentelemetry.proto.common.v1 import common_pb2
 
+from gpumetrics.metrics.encode import encode_attributes
+
 AttrValue: TypeAlias = str | bool | int | float | bytes | list["AttrValue"] | dict[str, "AttrValue"]
 """A resource attribute value: ``str | bool | int | float | bytes | list[AttrValue] |
 dict[str, AttrValue]`` (the OTLP ``AnyValue`` variants)."""
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-class AttrEncodeError(ValueError):
-    """A Python value that has no OTLP ``AnyValue`` form; the message names the key."""
 
 
 def from_any_value(value: common_pb2.AnyValue) -> AttrValue | None:
@@ -66,46 +62,16 @@ def from_key_values(kvs: Iterable[common_pb2.KeyValue]) -> dict[str, AttrValue]:
     return out
 
 
-def to_any_value(target: common_pb2.AnyValue, value: AttrValue, key: str = "") -> None:
-    """Write ``value`` into ``target`` (the inverse of :func:`from_any_value`).
-
-    Raises:
-        AttrEncodeError: naming ``key`` for an unsupported type or an int outside int64.
-
-    """
-    if isinstance(value, bool):
-        target.bool_value = value
-    elif isinstance(value, int):
-        if not _INT64_MIN <= value <= _INT64_MAX:
-            raise AttrEncodeError(f"attribute {key!r}: int {value} outside int64")
-        target.int_value = value
-    elif isinstance(value, float):
-        target.double_value = value
-    elif isinstance(value, str):
-        target.string_value = value
-    elif isinstance(value, bytes):
-        target.bytes_value = value
-    elif isinstance(value, list):
-        arr = target.array_value
-        arr.SetInParent()
-        for item in value:
-            to_any_value(arr.values.add(), item, key)
-    elif isinstance(value, dict):
-        kvl = target.kvlist_value
-        kvl.SetInParent()
-        to_key_values(kvl.values, value)
-    else:
-        raise AttrEncodeError(f"attribute {key!r}: unsupported type {type(value).__name__}")
-
-
 def to_key_values(target: object, attrs: Mapping[str, AttrValue]) -> None:
     """Append one ``KeyValue`` per item of ``attrs`` to the repeated field ``target``.
 
+    The inverse of :func:`from_key_values`; the encoding is the metrics encoder's
+    (:func:`gpumetrics.metrics.encode.encode_attributes`), so resources and data points write
+    attribute values the same way.
+
     Raises:
-        AttrEncodeError: see :func:`to_any_value`.
+        gpumetrics.metrics.encode.EncodingError: naming the key, for a value with no ``AnyValue``
+            form (e.g. an int outside int64) or an empty key.
 
     """
-    for key, value in attrs.items():
-        kv = target.add()  # type: ignore[attr-defined]
-        kv.key = key
-        to_any_value(kv.value, value, key)
+    encode_attributes(target, attrs.items())

@@ -122,7 +122,7 @@ def encode_process_context(
     Field 1 (``Resource``) first, then one field-2 entry per extra attribute.
 
     Raises:
-        gpumetrics.identity.attrs.AttrEncodeError: an attribute value with no ``AnyValue`` form.
+        gpumetrics.metrics.encode.EncodingError: an attribute value with no ``AnyValue`` form.
 
     """
     res = resource_pb2.Resource()
