@@ -25,8 +25,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 
 from gpumetrics.identity.attrs import AttrValue, from_key_values, to_key_values
-
-_LEN = 2
+from gpumetrics.wire import WIRE_LEN, len_field
 
 
 class ProcessContextDecodeError(ValueError):
@@ -63,7 +62,7 @@ def _skip(buf: bytes, pos: int, wire_type: int) -> int:
         end = pos + 8
     elif wire_type == 5:
         end = pos + 4
-    elif wire_type == _LEN:
+    elif wire_type == WIRE_LEN:
         size, pos = _varint(buf, pos)
         end = pos + size
     else:
@@ -94,7 +93,7 @@ def decode_process_context(payload: bytes) -> ProcessContextPayload:
         field, wire_type = key >> 3, key & 7
         if field == 0:
             raise ProcessContextDecodeError(f"field number 0 at byte {tag_at}")
-        if field in (1, 2) and wire_type != _LEN:
+        if field in (1, 2) and wire_type != WIRE_LEN:
             raise ProcessContextDecodeError(
                 f"field {field} at byte {tag_at} has wire type {wire_type}, want 2"
             )
@@ -127,25 +126,9 @@ def encode_process_context(
     """
     res = resource_pb2.Resource()
     to_key_values(res.attributes, resource)
-    out = bytearray(_field_bytes(1, res.SerializeToString()))
+    out = bytearray(len_field(1, res.SerializeToString()))
     for key, value in (attributes or {}).items():
         holder = resource_pb2.Resource()
         to_key_values(holder.attributes, {key: value})
-        out += _field_bytes(2, holder.attributes[0].SerializeToString())
+        out += len_field(2, holder.attributes[0].SerializeToString())
     return bytes(out)
-
-
-def _field_bytes(field: int, body: bytes) -> bytes:
-    return _encode_varint(field << 3 | _LEN) + _encode_varint(len(body)) + body
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)

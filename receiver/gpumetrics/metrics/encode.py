@@ -19,6 +19,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from gpumetrics.metrics.buffer import Point
 from gpumetrics.metrics.spec import MetricSpec, ValueType
+from gpumetrics.wire import varint
 
 AttrValue = Any
 """``str | bool | int | float | bytes | list[AttrValue] | dict[str, AttrValue]``."""
@@ -117,19 +118,6 @@ _SUM_TRAILER = {  # Sum fields 2 (temporality, varint) and 3 (is_monotonic, vari
 _TAG_GAUGE, _TAG_SUM = b"\x2a", b"\x3a"  # Metric fields 5, 7
 
 
-def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return bytes((n,))
-    if n < 0x4000:  # most data points: one or two bytes of length
-        return bytes(((n & 0x7F) | 0x80, n >> 7))
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _attributes_blob(attributes: Any, cache: AttributeCache | None) -> bytes:
     """Return the serialized attribute entries (``NumberDataPoint`` field 7), cached by tuple."""
     if cache is not None:
@@ -195,7 +183,7 @@ def encode_metric(
             )
         else:
             dp = b"".join((attrs, _TAG_DP_TIME, _PACK_U64(p.time_unix_nano), tag_value, value))
-        entries.append(_TAG_DATA_POINT + _varint(len(dp)) + dp)
+        entries.append(_TAG_DATA_POINT + varint(len(dp)) + dp)
     if spec.instrument.is_sum:
         entries.append(_SUM_TRAILER[spec.instrument.is_monotonic])
         tag = _TAG_SUM
@@ -205,7 +193,7 @@ def encode_metric(
     target.name = spec.name
     target.description = spec.description
     target.unit = spec.unit
-    target.MergeFromString(tag + _varint(len(data)) + data)
+    target.MergeFromString(tag + varint(len(data)) + data)
     return len(points)
 
 

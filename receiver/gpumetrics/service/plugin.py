@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from gpumetrics.wire import len_field, varint_field
+
 __all__ = [
     "APP_PROTOCOL_VERSIONS",
     "COOKIE_KEY",
@@ -306,18 +308,6 @@ def handshake_line(app_version: int, listener: PluginListener, multiplex: bool =
     return "|".join(fields) + "\n"
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def encode_stdio_data(channel: int, data: bytes) -> bytes:
     """Encode go-plugin's ``StdioData{Channel channel = 1; bytes data = 2}`` by hand.
 
@@ -325,9 +315,9 @@ def encode_stdio_data(channel: int, data: bytes) -> bytes:
     """
     out = b""
     if channel:
-        out += b"\x08" + _varint(channel)
+        out += varint_field(1, channel)
     if data:
-        out += b"\x12" + _varint(len(data)) + data
+        out += len_field(2, data)
     return out
 
 
