@@ -22,23 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from gpumetrics.identity import DeclaredStore, ProcfsReader
+from gpumetrics.metrics import count_points
 from gpumetrics.selftelemetry import Telemetry
 from gpumetrics.service import ServerSettings, SidecarHealth, SidecarServer
 from gpumetrics.store import BatchStore, StoreLimits
 
 _HEADER = struct.Struct("<QQ")  # points, length
-
-
-def count_points(request: Any) -> int:
-    """Data points in an ``ExportMetricsServiceRequest``."""
-    n = 0
-    for rm in request.resource_metrics:
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                kind = m.WhichOneof("data")
-                if kind:
-                    n += len(getattr(m, kind).data_points)
-    return n
 
 
 def write_batches(requests: Sequence[Any], path: Path) -> None:
