@@ -1,13 +1,13 @@
-"""Defects the reliability suite found in other packages and did not fix (``xfail(strict=True)``).
+"""Defects the reliability suite found in other packages, kept as regression tests.
 
-Each test states the expected behaviour; it fails today, so it is marked ``xfail`` with the
-reason, and ``strict`` makes the suite fail the day the defect is fixed, so the mark gets
-removed. See docs/reliability.md, "Findings".
+A hang in the tick that recovers a lost GPU used to be caught only at the cycle deadline and
+counted as ``nvml.function=unknown``: the per-call watcher followed the failed device record,
+not the recovered one the job was reading (fixed in ``nvml/collector.py``). See
+docs/reliability.md, "Findings".
 """
 
 from __future__ import annotations
 
-import pytest
 from gpumetrics.metrics.producer import Producer
 from gpumetrics.nvml import sim
 from gpumetrics.nvml.collector import Collector
@@ -15,14 +15,6 @@ from gpumetrics.nvml.settings import CollectionSettings
 from gpumetrics.selftelemetry import Telemetry
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "nvml/collector.py: Job.in_flight watches the failed Device object, while the job reads "
-        "the recovered one probe() returned, so in the recovery tick a hung call is only caught "
-        "at the cycle deadline and counted as nvml.function=unknown"
-    ),
-)
 def test_a_hang_in_the_tick_that_recovers_a_gpu_is_caught_by_the_call_deadline() -> None:
     data = sim.load_scenario("h100-sxm").model_dump(mode="json", exclude_none=True)
     uuid = data["devices"][0]["uuid"]

@@ -254,7 +254,7 @@ class Collector:
             if dev.health.failed and not dev.health.probe_due(mono_ns):
                 continue
             tick = ticks[dev.uuid] = Tick(ctx, now_ns, mono_ns)
-            jobs[dev.uuid] = Job(self._job(dev, tick), _in_flight(dev))
+            jobs[dev.uuid] = self._job(dev, tick)
         outcomes = self._pool.run(jobs, self._settings.cycle_deadline_s)
         report = CycleReport(True, "ok")
         points = Points()
@@ -280,23 +280,26 @@ class Collector:
         report.states = {d.uuid: d.health.state.value for d in self._all_devices()}
         return report
 
-    def _job(self, dev: Device, tick: Tick) -> Callable[[], tuple[Device, Points | None]]:
+    def _job(self, dev: Device, tick: Tick) -> Job:
+        # The record the job works on now: a probe that recovers a failed GPU swaps in a fresh
+        # record mid-job, and the per-call deadline must watch that record's calls from then on.
+        current = [dev]
+
         def run() -> tuple[Device, Points | None]:
-            current = dev
             if dev.health.failed:
                 fresh = probe(dev, tick)
                 if fresh is None:
                     return dev, None
                 _carry(dev, fresh)
-                current = fresh
+                current[0] = fresh
             try:
-                run_tick(current, tick)
+                run_tick(current[0], tick)
             except DeviceLost as lost:
-                current.health.fail(tick.mono_ns, lost.error.code_name)
-                return current, None
-            return current, tick.points
+                current[0].health.fail(tick.mono_ns, lost.error.code_name)
+                return current[0], None
+            return current[0], tick.points
 
-        return run
+        return Job(run, _in_flight(current))
 
     def _timeout(self, dev: Device, function: str | None, busy: bool) -> None:
         if not busy:
@@ -365,8 +368,11 @@ class Collector:
         )
 
 
-def _in_flight(dev: Device) -> Callable[[], tuple[str, float] | None]:
+def _in_flight(current: list[Device]) -> Callable[[], tuple[str, float] | None]:
+    """Watch the NVML call in flight on the job's current record (and its MIG instances)."""
+
     def probe_flight() -> tuple[str, float] | None:
+        dev = current[0]
         for d in (dev, *dev.instances.values()):
             flight = d.calls.in_flight
             if flight is not None:
