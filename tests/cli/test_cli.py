@@ -205,3 +205,39 @@ def test_pull_wait_retries_until_the_first_batch_is_stored(make_sidecar, capsys)
     puller.join(30)
     assert not puller.is_alive() and result["code"] == 0
     assert "hw.power" in capsys.readouterr().out
+
+
+def test_pull_into_a_closed_pipe_exits_quietly_without_acknowledging(running, capsys, monkeypatch):
+    sidecar, address = running
+    r, w = os.pipe()
+    os.close(r)  # the reader (e.g. `| head`) is gone
+    broken = os.fdopen(w, "w")
+    monkeypatch.setattr("sys.stdout", broken)
+    try:
+        code = main(["pull", address, "--consumer", "piped"])
+    finally:
+        monkeypatch.undo()
+        broken.close()
+    assert code == 141
+    assert "Traceback" not in capsys.readouterr().err
+    (consumer,) = [c for c in sidecar.parts.store.stats().consumers if c.name == "piped"]
+    assert consumer.acked_sequence == 0  # nothing acknowledged that was not printed
+
+
+def test_serving_on_a_live_unix_socket_is_one_clear_line(tmp_path, capsys):
+    import socket
+
+    path = tmp_path / "busy.sock"
+    live = socket.socket(socket.AF_UNIX)
+    live.bind(str(path))
+    live.listen(1)
+    try:
+        code = main(["serve", "--simulate", "h100-sxm", "--listen", f"unix:{path}"])
+    finally:
+        live.close()
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "is in use by a running server" in err and "Traceback" not in err
+    from gpumetrics.nvml import sim
+
+    assert sim.installed() is None  # the failed start undid the simulation it installed

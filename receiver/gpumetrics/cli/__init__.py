@@ -20,6 +20,7 @@ could print, so nothing but the handshake line ever reaches the host's stdout pi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -88,10 +89,18 @@ def main(argv: Sequence[str] | None = None, **sidecar_options: Any) -> int:
 def _report(exc: Exception) -> int:
     """Print ``exc`` as one line on stderr and return its exit code (a traceback if unexpected)."""
     from gpumetrics.cli.client import CommandError
+    from gpumetrics.service import ListenError
 
     if isinstance(exc, CommandError):
         print(f"gpumetrics: {exc}", file=sys.stderr)
         return exc.code
+    if isinstance(exc, ListenError):
+        print(f"gpumetrics: {exc}", file=sys.stderr)
+        return 1
+    if isinstance(exc, BrokenPipeError):  # `gpumetrics pull ... | head`: the reader left
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a killed writer
     import traceback
 
     traceback.print_exc(file=sys.stderr)

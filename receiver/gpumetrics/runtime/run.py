@@ -62,7 +62,11 @@ def serve_standalone(config: SidecarConfig, make: SidecarFactory = Sidecar, **kw
     """Run until SIGTERM/SIGINT (or ``sidecar.request_stop``); return the exit code."""
     sidecar = make(config, **kwargs)
     _install_signals(sidecar, ignore_sigint=False)
-    sidecar.start()
+    try:
+        sidecar.start()
+    except BaseException:
+        sidecar.shutdown(config.runtime.shutdown_timeout_s)  # undo what did start
+        raise
     sidecar.wait()
     sidecar.shutdown(config.runtime.shutdown_timeout_s)
     return _exit_code(sidecar)

@@ -71,11 +71,15 @@ def default_collector_factory(
     return collector
 
 
-def install_simulation(spec: str) -> None:
+def install_simulation(spec: str) -> bool:
     """Install the simulated NVML driver beneath nvidia-ml-py.
 
     ``spec`` is a built-in profile name, ``default`` (the simulator's default profile), or the
     path of a scenario file.
+
+    Returns:
+        True when this call installed it (the caller uninstalls it at shutdown), False when a
+        simulated driver was already installed and is used as it is.
 
     Raises:
         ConfigError: naming ``runtime.simulate`` when the profile or file cannot be loaded.
@@ -90,6 +94,12 @@ def install_simulation(spec: str) -> None:
         raise ConfigError([f"'runtime.simulate': {exc}"]) from None
     except sim.AlreadyInstalledError:
         log.info("a simulated driver is already installed; using it")
+        return False
+    log.warning(
+        "SIMULATED GPUs: readings come from the simulated NVML driver (%s), not from hardware",
+        spec,
+    )
+    return True
 
 
 @dataclass
@@ -155,7 +165,7 @@ class Sidecar:
         config: SidecarConfig,
         server_settings: ServerSettings | None = None,
         collector_factory: CollectorFactory = default_collector_factory,
-        simulate: Callable[[str], None] = install_simulation,
+        simulate: Callable[[str], bool | None] = install_simulation,
         batch_wait: Callable[[float], bool] | None = None,
         environ: dict[str, str] | None = None,
     ) -> None:
@@ -164,8 +174,10 @@ class Sidecar:
         self.stop_reason = ""
         self._simulate = simulate
         env = dict(os.environ if environ is None else environ)
+        self._owns_simulation = False
         if config.runtime.simulate is not None:
-            simulate(config.runtime.simulate)  # before anything can load the real library
+            # before anything can load the real library
+            self._owns_simulation = simulate(config.runtime.simulate) is True
             config = self.config = _simulated_node_config(config)
         self.parts = self._build(
             config, server_settings or config.server, collector_factory, batch_wait, env
@@ -294,6 +306,11 @@ class Sidecar:
             log.exception("final batch failed")
         if p.push is not None:
             p.push.shutdown(flush_timeout_s=left(1.0))
+        if self._owns_simulation:  # after nvmlShutdown: leave pynvml as this sidecar found it
+            from gpumetrics.nvml import sim
+
+            sim.uninstall()
+            self._owns_simulation = False
         log.info("stopped", extra={"clean": clean})
         return clean
 

@@ -17,7 +17,7 @@ from gpumetrics.service.names import (
 )
 from gpumetrics.service.profiler import DECLARER_METADATA_KEY, DeclaredStoreAPI, ProfilerServicer
 from gpumetrics.service.pull import DEFAULT_PULL_MAX_BYTES, PullServicer
-from gpumetrics.service.server import BoundAddresses, SidecarServer
+from gpumetrics.service.server import BoundAddresses, ListenError, SidecarServer
 from gpumetrics.service.settings import (
     DEFAULT_LISTEN,
     ListenAddress,
@@ -42,6 +42,7 @@ __all__ = [
     "PullServicer",
     "ServerSettings",
     "SidecarHealth",
+    "ListenError",
     "SidecarServer",
     "TokenAuth",
     "parse_listen_address",

@@ -16,9 +16,11 @@ Collaborators are passed in; nothing is global, so tests and the go-plugin mode 
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import logging
 import os
+import socket
 import stat
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -229,11 +231,22 @@ class SidecarServer:
             return self._bind(group, addr)
 
     def _bind(self, group: _Group, addr: ListenAddress) -> str:
+        try:
+            return self._bind_one(group, addr)
+        except ListenError:
+            raise
+        except RuntimeError as exc:  # grpc: "Failed to bind to address ..."
+            raise ListenError(
+                f"'{group.role}': cannot listen on {addr.bind_target()}: {exc}"
+            ) from None
+
+    def _bind_one(self, group: _Group, addr: ListenAddress) -> str:
         target = addr.bind_target()
         if addr.kind == "unix":
             parent = os.path.dirname(addr.path)
             if not os.path.isdir(parent):
                 raise ValueError(f"'{group.role}': directory {parent!r} does not exist")
+            _claim_socket_path(addr.path, group.role)
             old = os.umask(0o177)  # process-wide, but only at start-up: never wider than 0600
             try:
                 group.server.add_insecure_port(target)
@@ -368,3 +381,48 @@ class SidecarServer:
         return sum(
             g.gate.slots.open for g in (self._main, self._profiler) if g is not None and g.gate
         )
+
+
+class ListenError(RuntimeError):
+    """A listener could not be bound (address in use, permission, a live unix socket).
+
+    The message names the setting (``'listen': ...``); the CLI prints it as one line.
+    """
+
+
+def _claim_socket_path(path: str, role: str, timeout_s: float = 1.0) -> None:
+    """Make ``path`` free for a new unix socket, refusing to take over a live one.
+
+    grpc replaces whatever socket file is at the path, so a second sidecar on the same path would
+    silently take the first one's clients (and remove its socket when it exits). A socket file
+    that accepts a connection belongs to a running server: refuse. One that refuses (ECONNREFUSED:
+    nobody listens; a sidecar that was killed) is stale: remove it.
+
+    Raises:
+        ListenError: naming ``role``, when a live server answers on ``path``.
+        ValueError: naming ``role``, when ``path`` exists and is not a socket.
+
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ValueError(f"'{role}': {path!r} exists and is not a unix socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(timeout_s)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        log.info("%s: removing stale unix socket %s (nothing listens on it)", role, path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    except OSError as exc:
+        raise ListenError(f"'{role}': cannot check unix socket {path!r}: {exc}") from None
+    finally:
+        probe.close()
+    raise ListenError(
+        f"'{role}': unix socket {path!r} is in use by a running server; stop it or choose "
+        "another path"
+    )

@@ -1,0 +1,62 @@
+"""A second server on a live unix socket path is refused; a stale socket file is reused."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+import pytest
+from gpumetrics.identity.declared import DeclaredStore
+from gpumetrics.service import ListenError, ServerSettings, SidecarHealth, SidecarServer
+from gpumetrics.store import BatchStore
+
+
+def make(path):
+    settings = ServerSettings(listen=[f"unix:{path}"])
+    return SidecarServer(settings, BatchStore(), DeclaredStore(), SidecarHealth())
+
+
+def test_a_live_socket_is_not_taken_over_and_keeps_its_file(tmp_path):
+    path = str(tmp_path / "gm.sock")
+    first = make(path)
+    first.start()
+    try:
+        inode = os.stat(path).st_ino
+        second = make(path)
+        with pytest.raises(ListenError, match=r"'listen': unix socket .* is in use"):
+            second.start()
+        second.stop(0)
+        assert os.stat(path).st_ino == inode  # the failed server removed nothing of the first
+        probe = socket.socket(socket.AF_UNIX)
+        probe.connect(path)  # the first server still answers on its path
+        probe.close()
+    finally:
+        first.stop(0)
+    assert not os.path.exists(path)
+
+
+def test_a_stale_socket_file_is_removed_and_the_path_reused(tmp_path):
+    path = str(tmp_path / "gm.sock")
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(path)  # bound but never listening, then closed: a killed server's leftover
+    dead.close()
+    assert stat.S_ISSOCK(os.lstat(path).st_mode)
+    server = make(path)
+    server.start()
+    try:
+        probe = socket.socket(socket.AF_UNIX)
+        probe.connect(path)
+        probe.close()
+    finally:
+        server.stop(0)
+
+
+def test_a_regular_file_at_the_path_is_refused(tmp_path):
+    path = tmp_path / "gm.sock"
+    path.write_text("not a socket")
+    server = make(str(path))
+    with pytest.raises(ValueError, match="not a unix socket"):
+        server.start()
+    server.stop(0)
+    assert path.read_text() == "not a socket"
