@@ -241,3 +241,47 @@ def test_serving_on_a_live_unix_socket_is_one_clear_line(tmp_path, capsys):
     from gpumetrics.nvml import sim
 
     assert sim.installed() is None  # the failed start undid the simulation it installed
+
+
+def test_several_config_problems_are_one_line_each_with_unknown_variables(
+    capsys, monkeypatch, tmp_path
+):
+    for name in [n for n in os.environ if n.startswith("GPUMETRICS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("GPUMETRICS_ALLOW_INSECURE_LISTN", "true")  # a typo of ours
+    cfg = tmp_path / "typo.yaml"
+    cfg.write_text(
+        "runtime:\n  batch_intreval_s: 3\ncollection:\n  disabled_metrics: [hw.temprature]\n"
+    )
+    code, out, err = run(capsys, "serve", "--config", str(cfg))
+    lines = err.strip().splitlines()
+    assert code == 2 and out == ""
+    assert all(line.startswith("gpumetrics: ") for line in lines)
+    assert any("'runtime.batch_intreval_s'" in line for line in lines)
+    assert any("'collection.disabled_metrics'" in line for line in lines)
+    assert any("GPUMETRICS_ALLOW_INSECURE_LISTN" in line for line in lines)
+    assert len(lines) == 3
+
+
+def test_the_insecure_listen_error_names_the_flags_that_fix_it(capsys, monkeypatch):
+    for name in [n for n in os.environ if n.startswith("GPUMETRICS_")]:
+        monkeypatch.delenv(name)
+    code, _, err = run(capsys, "serve", "--listen", "0.0.0.0:4319")
+    assert code == 2
+    assert "--tls-cert-file" in err and "--allow-insecure-listen" in err
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_allow_insecure_listen_from_a_flag_or_the_environment(how, monkeypatch):
+    from gpumetrics.cli.parser import build_parser, serve_overrides
+    from gpumetrics.config import load_config
+
+    argv = ["serve", "--listen", "0.0.0.0:4319"]
+    environ = {}
+    if how == "flag":
+        argv.append("--allow-insecure-listen")
+    else:
+        environ["GPUMETRICS_ALLOW_INSECURE_LISTEN"] = "true"
+    config = load_config(None, environ, serve_overrides(build_parser().parse_args(argv)))
+    assert config.server.allow_insecure_listen is True
+    assert config.server.listen == ["0.0.0.0:4319"]

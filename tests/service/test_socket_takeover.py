@@ -60,3 +60,9 @@ def test_a_regular_file_at_the_path_is_refused(tmp_path):
         server.start()
     server.stop(0)
     assert path.read_text() == "not a socket"
+
+
+def test_an_unquoted_octal_mode_is_explained():
+    with pytest.raises(ValueError, match=r'quoted string, e.g. "0660"'):
+        ServerSettings(unix_socket_mode=660)
+    assert ServerSettings(unix_socket_mode="0660").unix_socket_mode == 0o660

@@ -125,8 +125,29 @@ def _value(any_value: common_pb2.AnyValue) -> Any:
     return getattr(any_value, kind) if kind else None
 
 
+_TEXT_POINTS = 8
+"""Points shown per metric by ``--format text`` (the JSON format shows everything)."""
+
+
+_NAMED_DEVICE_KEYS = frozenset(
+    {"hw.id", "hw.parent", "hw.serial_number", "hw.model", "hw.firmware_version"}
+)
+"""Device attributes left out of a text line when ``hw.name`` already tells devices apart."""
+
+
+def _point_label(point: Any, varying: Sequence[str]) -> str:
+    attrs = {kv.key: _value(kv.value) for kv in point.attributes}
+    shown = ", ".join(f"{k}={attrs[k]}" for k in varying if k in attrs)
+    return f"{{{shown}}}" if shown else ""
+
+
 def render_text(response: pull_pb2.PullResponse, request: Any) -> str:
-    """Summarise one pull for humans: cursor facts, then each resource and its metrics."""
+    """Summarise one pull for humans: cursor facts, then each resource and its metrics.
+
+    Each metric line gives its kind, unit and number of points, then the first points as
+    ``value{attributes}``, showing only the attributes whose values differ between the metric's
+    points (for example ``hw.id`` and ``hw.state``).
+    """
     lines = [
         f"epoch {response.epoch}  batches {response.first_sequence}..{response.last_sequence}  "
         f"points {response.data_points}  more {str(response.more).lower()}  "
@@ -139,11 +160,26 @@ def render_text(response: pull_pb2.PullResponse, request: Any) -> str:
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
                 kind = metric.WhichOneof("data")
-                points = getattr(metric, kind).data_points if kind else []
-                values = [p.as_double if p.HasField("as_double") else p.as_int for p in points]
-                shown = ", ".join(f"{v:g}" for v in values[:8]) + (" …" if len(values) > 8 else "")
-                unit = f" {metric.unit}" if metric.unit else ""
-                lines.append(f"  {metric.name} [{sm.scope.name}] {kind}: {shown}{unit}")
+                points = list(getattr(metric, kind).data_points) if kind else []
+                seen: dict[str, set[str]] = {}
+                for p in points:
+                    for kv in p.attributes:
+                        seen.setdefault(kv.key, set()).add(repr(_value(kv.value)))
+                varying = [k for k, values in seen.items() if len(values) > 1]
+                if "hw.name" in varying:  # gpu0, gpu1, ...: enough to tell devices apart
+                    varying = [k for k in varying if k not in _NAMED_DEVICE_KEYS]
+                shown = ", ".join(
+                    f"{(p.as_double if p.HasField('as_double') else p.as_int):g}"
+                    + _point_label(p, varying)
+                    for p in points[:_TEXT_POINTS]
+                )
+                more = (
+                    f", … ({len(points) - _TEXT_POINTS} more)" if len(points) > _TEXT_POINTS else ""
+                )
+                lines.append(
+                    f"  {metric.name} [{sm.scope.name}] {kind}, unit {metric.unit or '-'}, "
+                    f"{len(points)} point(s): {shown}{more}"
+                )
     return "\n".join(lines)
 
 

@@ -60,6 +60,8 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
         out["runtime.simulate"] = ("--simulate", args.simulate)
     if getattr(args, "push_insecure", False):
         out["push.insecure"] = ("--push-insecure", True)
+    if getattr(args, "allow_insecure_listen", False):
+        out["server.allow_insecure_listen"] = ("--allow-insecure-listen", True)
     return out
 
 
@@ -108,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run on the simulated NVML driver (no argument: the default profile)",
     )
     serve.add_argument("--push-insecure", action="store_true", help="push in plaintext")
+    serve.add_argument(
+        "--allow-insecure-listen",
+        action="store_true",
+        help="allow a non-loopback TCP listener without TLS (trusted networks only)",
+    )
     serve.add_argument(
         "--plugin",
         action="store_true",

@@ -33,16 +33,18 @@ def cmd_serve(args: argparse.Namespace, handshake: TextIO | None, **sidecar_opti
             f"--plugin: go-plugin mode needs the {COOKIE_KEY} variable the collector's "
             "gpumetrics receiver sets; run without --plugin to serve standalone"
         )
+    unknown = unknown_variables(os.environ, ignore=(COOKIE_KEY,))
     try:
         config = load_config(args.config, os.environ, serve_overrides(args))
     except ConfigError as exc:
-        raise CommandError(str(exc), 2) from None
+        lines = exc.errors + [f"unknown variable {name} ignored (a typo?)" for name in unknown]
+        raise CommandError("\ngpumetrics: ".join(lines), 2) from None
     fmt = config.log.format
     if fmt is LogFormatSetting.AUTO:
         fmt = LogFormatSetting.JSON if handshake is not None else LogFormatSetting.TEXT
     configure_logging(config.log.level, LogFormat(fmt.value))
     logging.captureWarnings(True)
-    for name in unknown_variables(os.environ, ignore=(COOKIE_KEY,)):
+    for name in unknown:
         log.warning("ignoring unknown variable %s (see docs/configuration.md)", name)
 
     from gpumetrics.runtime.run import serve_plugin, serve_standalone
@@ -52,6 +54,6 @@ def cmd_serve(args: argparse.Namespace, handshake: TextIO | None, **sidecar_opti
             return serve_plugin(config, handshake, **sidecar_options)
         return serve_standalone(config, **sidecar_options)
     except ConfigError as exc:
-        raise CommandError(str(exc), 2) from None
+        raise CommandError("\ngpumetrics: ".join(exc.errors), 2) from None
     except PluginError as exc:
         raise CommandError(str(exc), 1) from None

@@ -40,6 +40,11 @@ GPUMETRICS_DECLARE_TOKEN_FILE = "GPUMETRICS_DECLARE_TOKEN_FILE"
 """``server.declare_token_file``: file of bearer tokens allowed to declare processes.
 Default: none (no token needed). Example: ``/run/secrets/gpumetrics-declare-token``."""
 
+GPUMETRICS_ALLOW_INSECURE_LISTEN = "GPUMETRICS_ALLOW_INSECURE_LISTEN"
+"""``server.allow_insecure_listen``: allow a non-loopback TCP listener without TLS (and the
+profiler service there without a declare token or mTLS); trusted networks only
+(``true``/``false``). Default: ``false``. Example: ``true``."""
+
 GPUMETRICS_TLS_CERT_FILE = "GPUMETRICS_TLS_CERT_FILE"
 """``server.tls_cert_file``: PEM server certificate chain (TLS on TCP listeners). Default: none.
 Example: ``/etc/gpumetrics/tls/server.crt``."""
@@ -158,6 +163,7 @@ ENV_BINDINGS: tuple[EnvBinding, ...] = (
     EnvBinding(GPUMETRICS_TLS_KEY_FILE, "server.tls_key_file"),
     EnvBinding(GPUMETRICS_TLS_CLIENT_CA_FILE, "server.tls_client_ca_file"),
     EnvBinding(GPUMETRICS_HEALTH_LISTEN, "server.health_listen"),
+    EnvBinding(GPUMETRICS_ALLOW_INSECURE_LISTEN, "server.allow_insecure_listen"),
     EnvBinding(GPUMETRICS_SIMULATE, "runtime.simulate"),
     EnvBinding(GPUMETRICS_BATCH_INTERVAL_S, "runtime.batch_interval_s"),
     EnvBinding(GPUMETRICS_COLLECTION_INTERVAL_S, "collection.interval_s"),

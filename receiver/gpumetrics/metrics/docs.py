@@ -62,7 +62,8 @@ def render_metrics_doc(cat: Catalogue) -> str:
         "Every point carries `hw.id` (the NVML UUID) and, where known, `hw.name`, `hw.vendor`,",
         "`hw.model`, `hw.serial_number`, `hw.driver_version`, `hw.firmware_version`. A MIG "
         "instance",
-        "has its own `hw.id` (the MIG UUID) and `hw.parent` = the physical GPU's UUID.",
+        "has its own `hw.id` (the MIG UUID) and `hw.parent` = the physical GPU's UUID. Where MIG",
+        "is supported, device points also carry `nvidia.gpu.mig.mode` (`enabled`/`disabled`).",
         "",
         head + "\n".join(_row(s) for s in host),
         "",

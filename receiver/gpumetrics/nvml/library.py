@@ -73,6 +73,16 @@ RELEASED = "released"
 """``gpumetrics.nvml.up`` reason while NVML is released on request (F13)."""
 NOT_STARTED = "not_started"
 """``gpumetrics.nvml.up`` reason before the first init attempt."""
+_INIT_HINTS = {
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: (
+        " (no libnvidia-ml.so.1 on the library path: run with the NVIDIA container runtime or "
+        "driver installed, or use --simulate for the simulated driver)"
+    ),
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: " (the NVIDIA kernel module is not loaded)",
+    pynvml.NVML_ERROR_NO_PERMISSION: " (no permission to open /dev/nvidia*)",
+}
+"""What to do about the init failures a user can fix, appended to the retry warning."""
+
 EXIT_VERSION_MISMATCH = 3
 """Exit code requested after repeated LIB_RM_VERSION_MISMATCH (a supervisor restarts us)."""
 
@@ -193,7 +203,10 @@ class Session:
                 return
         else:
             self._mismatches = 0
-        self._log.warning("NVML init failed: %s; retrying in %.1f s", err.code_name, delay / 1e9)
+        hint = _INIT_HINTS.get(err.code, "")
+        self._log.warning(
+            "NVML init failed: %s%s; retrying in %.1f s", err.code_name, hint, delay / 1e9
+        )
 
     def _driver_version(self) -> str | None:
         if not self.has("nvmlSystemGetDriverVersion"):

@@ -200,6 +200,12 @@ class ServerSettings(BaseModel):
             if not text or any(ch not in "01234567" for ch in text):
                 raise ValueError(f"'unix_socket_mode': {value!r} is not an octal file mode")
             return int(text, 8)
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 0o777:
+            # YAML reads 660 as decimal 660: almost certainly an octal mode written unquoted
+            raise ValueError(
+                f"'unix_socket_mode': {value} is not a file mode; write the octal mode as a "
+                f'quoted string, e.g. "0{value}"'
+            )
         return value
 
     @field_validator("health_listen")
@@ -247,8 +253,9 @@ class ServerSettings(BaseModel):
             return
         if not self.tls:
             raise ValueError(
-                f"'{field}': {addr.text} is not loopback; set tls_cert_file and tls_key_file "
-                "(or allow_insecure_listen on a trusted network)"
+                f"'{field}': {addr.text} is not loopback; serve TLS (server.tls_cert_file and "
+                "server.tls_key_file: --tls-cert-file/--tls-key-file), or, on a trusted network, "
+                "set server.allow_insecure_listen (--allow-insecure-listen)"
             )
         profiler_here = field.startswith("profiler_listen") or self.serves_profiler_on_listen
         if profiler_here and self.declare_token_file is None and self.tls_client_ca_file is None:
