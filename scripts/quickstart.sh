@@ -15,5 +15,9 @@ sock="$dir/gpumetrics.sock"
   --batch-interval 2 2>"$dir/sidecar.log" &
 pid=$!
 trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
-echo "sidecar pid $pid on unix:$sock (log: $dir/sidecar.log)" >&2
-"$VENV/bin/gpumetrics" pull "unix:$sock" --wait 60 --format "${FORMAT:-text}"
+echo "sidecar pid $pid on unix:$sock" >&2
+if ! "$VENV/bin/gpumetrics" pull "unix:$sock" --wait 60 --format "${FORMAT:-text}"; then
+  echo "the pull failed; the sidecar's log:" >&2
+  tail -n 30 "$dir/sidecar.log" >&2
+  exit 1
+fi
