@@ -1,0 +1,56 @@
+"""README claims that code can check: the quick start's commands, the scenario example, CI."""
+
+import os
+import re
+from pathlib import Path
+
+from gpumetrics.nvml import sim
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+
+
+def quick_start_commands():
+    section = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_quick_start_is_exactly_two_existing_executable_commands():
+    commands = quick_start_commands()
+    assert commands == ["./scripts/quickstart.sh", "./scripts/test.sh"]
+    for cmd in commands:
+        path = ROOT / cmd
+        assert path.is_file() and os.access(path, os.X_OK), cmd
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "./scripts/test.sh" in ci
+
+
+def test_the_scenario_example_in_the_readme_loads():
+    section = README.split("## The simulated driver", 1)[1]
+    text = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    scenario = sim.scenario_from_data(__import__("yaml").safe_load(text))
+    assert [d.uuid for d in scenario.devices] == ["GPU-11111111-2222-4333-8444-555555555555"]
+
+
+def test_linked_docs_exist():
+    for link in re.findall(r"\]\(((?:docs|examples)/[^)#]+)\)", README):
+        assert (ROOT / link).exists(), link
+
+
+def test_the_relabel_example_in_identity_md_drops_and_labels_as_described():
+    from gpumetrics.identity.relabel import relabel
+    from gpumetrics.identity.relabel_config import load_relabel_configs
+
+    text = (ROOT / "docs" / "identity.md").read_text()
+    rules = load_relabel_configs(
+        re.search(r"```yaml\n(relabel_configs:.*?)```", text, re.S).group(1)
+    )
+    assert relabel({"__meta_env_var_OTEL_SERVICE_NAME": "batch-etl"}, rules) is None
+    kept = relabel(
+        {"__meta_env_var_OTEL_SERVICE_NAME": "trainer", "__meta_kubernetes_namespace": "ml"}, rules
+    )
+    assert kept["namespace"] == "ml" and kept["region"] == "eu-west-1"
