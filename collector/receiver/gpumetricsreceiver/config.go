@@ -7,12 +7,14 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.opentelemetry.io/collector/config/configopaque"
 	"go.opentelemetry.io/collector/config/configtls"
+	"go.opentelemetry.io/collector/confmap"
 	"go.opentelemetry.io/collector/scraper/scraperhelper"
 )
 
@@ -53,8 +55,10 @@ type Config struct {
 	// Endpoint is the address of a running sidecar for remote mode: "host:port",
 	// "unix:///absolute/path" or "unix:/absolute/path".
 	Endpoint string `mapstructure:"endpoint"`
-	// TLS holds the client TLS settings for remote mode. TLS is used unless `insecure: true`,
-	// as in the Collector's OTLP exporter.
+	// TLS holds the client TLS settings for remote mode over TCP. TLS is used unless
+	// `insecure: true`, as in the Collector's OTLP exporter. A unix socket endpoint is always
+	// dialled in plaintext (the sidecar never serves TLS there: docs/security.md), and TLS
+	// settings with it are a validation error.
 	TLS configtls.ClientConfig `mapstructure:"tls"`
 
 	// Token is a bearer token sent as "authorization: Bearer <token>" on every Pull.
@@ -76,8 +80,30 @@ type Config struct {
 	// MaxRecvMsgSizeMiB bounds one PullResponse in remote mode, in MiB (gRPC's default is 4).
 	MaxRecvMsgSizeMiB int `mapstructure:"max_recv_msg_size_mib"`
 
+	// tlsKeys are the keys given under `tls` in the YAML (sorted, nested ones joined with
+	// "::"), recorded by Unmarshal so that Validate can tell an explicit `insecure: false` from
+	// the default and name what to remove. Nil for a configuration built in code.
+	tlsKeys []string
+
 	// prevent unkeyed literal initialization
 	_ struct{}
+}
+
+// Unmarshal decodes the receiver's YAML into cfg (confmap calls it instead of decoding cfg
+// directly) and records which `tls` keys were given: `insecure: false` is also the default,
+// and only an explicit one asks for TLS on a unix socket endpoint.
+func (cfg *Config) Unmarshal(conf *confmap.Conf) error {
+	if err := conf.Unmarshal(cfg); err != nil {
+		return err
+	}
+	cfg.tlsKeys = nil
+	if tlsConf, err := conf.Sub("tls"); err == nil {
+		if keys := tlsConf.AllKeys(); len(keys) > 0 {
+			slices.Sort(keys)
+			cfg.tlsKeys = keys
+		}
+	}
+	return nil
 }
 
 // subprocessMode reports whether the configuration selects subprocess mode.
@@ -145,11 +171,42 @@ func (cfg *Config) validateRemote() []error {
 	if cfg.MaxRecvMsgSizeMiB < 1 {
 		errs = append(errs, fmt.Errorf("'max_recv_msg_size_mib' must be at least 1, got %d", cfg.MaxRecvMsgSizeMiB))
 	}
-	if err := cfg.TLS.Validate(); err != nil {
+	if isUnixEndpoint(cfg.Endpoint) {
+		if err := cfg.validateUnixTLS(); err != nil {
+			errs = append(errs, err)
+		}
+	} else if err := cfg.TLS.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("'tls': %w", err))
 	}
 	return errs
 }
+
+// validateUnixTLS refuses TLS settings with a unix socket endpoint: the sidecar serves its unix
+// sockets in plaintext even when it serves TLS on TCP (docs/security.md, "TLS and mTLS"), so a
+// TLS client there fails every handshake. Only `tls: {insecure: true}` is accepted, as it was
+// needed before unix endpoints were always dialled in plaintext.
+func (cfg *Config) validateUnixTLS() error {
+	material := cfg.TLS
+	material.Insecure = false
+	explicitTLS := slices.Contains(cfg.tlsKeys, "insecure") && !cfg.TLS.Insecure
+	if !explicitTLS && reflect.DeepEqual(material, configtls.NewDefaultClientConfig()) {
+		return nil
+	}
+	msg := "'tls' cannot be used with a unix socket 'endpoint': the sidecar serves unix sockets in plaintext (protect them with the socket's file mode)"
+	var given []string
+	for _, key := range cfg.tlsKeys {
+		if key != "insecure" || !cfg.TLS.Insecure {
+			given = append(given, "'tls::"+key+"'")
+		}
+	}
+	if len(given) > 0 {
+		msg += "; remove " + strings.Join(given, ", ")
+	}
+	return errors.New(msg)
+}
+
+// isUnixEndpoint reports whether endpoint names a unix socket ("unix:///path" or "unix:/path").
+func isUnixEndpoint(endpoint string) bool { return strings.HasPrefix(endpoint, unixScheme) }
 
 // validateEndpoint accepts "host:port" (port 1-65535), "unix:///absolute/path" or
 // "unix:/absolute/path" (the sidecar's --listen spelling); gRPC reads both unix forms.

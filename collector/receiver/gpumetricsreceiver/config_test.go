@@ -37,10 +37,25 @@ func TestLoadConfig(t *testing.T) {
 	remote.MaxDataPointsPerPull = 50000
 	remote.MaxBytesPerPull = 8 << 20
 	remote.MaxRecvMsgSizeMiB = 128
+	remote.tlsKeys = []string{"ca_file", "server_name_override"}
 
 	unixSocket := createDefaultConfig().(*Config)
 	unixSocket.Endpoint = "unix:///run/gpumetrics/pull.sock"
-	unixSocket.TLS.Insecure = true
+
+	unixInsecure := createDefaultConfig().(*Config)
+	unixInsecure.Endpoint = "unix:///run/gpumetrics/pull.sock"
+	unixInsecure.TLS.Insecure = true
+	unixInsecure.tlsKeys = []string{"insecure"}
+
+	unixCAFile := createDefaultConfig().(*Config)
+	unixCAFile.Endpoint = "unix:/run/gpumetrics/pull.sock"
+	unixCAFile.TLS.CAFile = "/etc/gpumetrics/ca.pem"
+	unixCAFile.TLS.ServerName = "sidecar.local"
+	unixCAFile.tlsKeys = []string{"ca_file", "server_name_override"}
+
+	unixInsecureFalse := createDefaultConfig().(*Config)
+	unixInsecureFalse.Endpoint = "unix:///run/gpumetrics/pull.sock"
+	unixInsecureFalse.tlsKeys = []string{"insecure"}
 
 	tests := []struct {
 		id       component.ID
@@ -55,6 +70,15 @@ func TestLoadConfig(t *testing.T) {
 		{id: component.NewIDWithName(metadata.Type, "subprocess"), expected: subprocess},
 		{id: component.NewIDWithName(metadata.Type, "remote"), expected: remote},
 		{id: component.NewIDWithName(metadata.Type, "unix"), expected: unixSocket},
+		{id: component.NewIDWithName(metadata.Type, "unix_insecure"), expected: unixInsecure},
+		{
+			id: component.NewIDWithName(metadata.Type, "unix_ca_file"), expected: unixCAFile,
+			wantErr: unixTLSError + "; remove 'tls::ca_file', 'tls::server_name_override'",
+		},
+		{
+			id: component.NewIDWithName(metadata.Type, "unix_insecure_false"), expected: unixInsecureFalse,
+			wantErr: unixTLSError + "; remove 'tls::insecure'",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.id.String(), func(t *testing.T) {
@@ -72,6 +96,9 @@ func TestLoadConfig(t *testing.T) {
 		})
 	}
 }
+
+// unixTLSError is the start of Validate's message for TLS settings on a unix socket endpoint.
+const unixTLSError = "'tls' cannot be used with a unix socket 'endpoint': the sidecar serves unix sockets in plaintext (protect them with the socket's file mode)"
 
 func TestConfigStruct(t *testing.T) {
 	require.NoError(t, componenttest.CheckConfigStruct(createDefaultConfig()))
@@ -116,6 +143,23 @@ func TestValidate(t *testing.T) {
 		{name: "relative unix path, one colon", modify: func(c *Config) { c.Endpoint = "unix:run/g.sock" }, wantErr: "a unix socket needs an absolute path"},
 		{name: "zero max recv", modify: func(c *Config) { c.Endpoint = "localhost:1"; c.MaxRecvMsgSizeMiB = 0 }, wantErr: "'max_recv_msg_size_mib' must be at least 1"},
 		{name: "bad tls", modify: func(c *Config) { c.Endpoint = "localhost:1"; c.TLS.MinVersion = "9.9" }, wantErr: "'tls': "},
+		{name: "tls over tcp", modify: func(c *Config) { c.Endpoint = "localhost:1"; c.TLS.CAFile = "/ca.pem" }},
+		{name: "unix insecure", modify: func(c *Config) { c.Endpoint = "unix:///run/g.sock"; c.TLS.Insecure = true }},
+		{name: "unix ca_file", modify: func(c *Config) { c.Endpoint = "unix:///run/g.sock"; c.TLS.CAFile = "/ca.pem" }, wantErr: unixTLSError},
+		{name: "unix ca_pem", modify: func(c *Config) { c.Endpoint = "unix:/run/g.sock"; c.TLS.CAPem = "pem" }, wantErr: unixTLSError},
+		{name: "unix client cert", modify: func(c *Config) {
+			c.Endpoint = "unix:///run/g.sock"
+			c.TLS.CertFile = "/c.pem"
+			c.TLS.KeyFile = "/k.pem"
+		}, wantErr: unixTLSError},
+		{name: "unix insecure_skip_verify", modify: func(c *Config) { c.Endpoint = "unix:///run/g.sock"; c.TLS.InsecureSkipVerify = true }, wantErr: unixTLSError},
+		{name: "unix material with insecure", modify: func(c *Config) { c.Endpoint = "unix:///run/g.sock"; c.TLS.Insecure = true; c.TLS.ServerName = "s" }, wantErr: unixTLSError},
+		{name: "unix explicit insecure false", modify: func(c *Config) { c.Endpoint = "unix:///run/g.sock"; c.tlsKeys = []string{"insecure"} }, wantErr: unixTLSError + "; remove 'tls::insecure'"},
+		{name: "unix explicit insecure true", modify: func(c *Config) {
+			c.Endpoint = "unix:///run/g.sock"
+			c.TLS.Insecure = true
+			c.tlsKeys = []string{"insecure"}
+		}},
 		{name: "token and token_file", modify: func(c *Config) { c.Command = "g"; c.Token = "a"; c.TokenFile = "/t" }, wantErr: "'token' and 'token_file' cannot both be set"},
 		{name: "bad consumer", modify: func(c *Config) { c.Command = "g"; c.Consumer = "a b" }, wantErr: `'consumer' "a b" must be at most 128 bytes of [A-Za-z0-9._:/-]`},
 		{name: "zero pulls", modify: func(c *Config) { c.Command = "g"; c.MaxPullsPerScrape = 0 }, wantErr: "'max_pulls_per_scrape' must be between 1 and 1000, got 0"},

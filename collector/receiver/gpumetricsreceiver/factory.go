@@ -32,7 +32,8 @@ func NewFactory() receiver.Factory {
 
 // createDefaultConfig returns the defaults: no mode chosen (set `command` or `endpoint`), a 10 s
 // collection interval with an explicit 10 s scrape timeout, a 30 s plugin start timeout, TLS on
-// in remote mode, at most 10 pulls per scrape and a 64 MiB receive limit.
+// in remote mode over TCP (a unix socket endpoint is always plaintext), at most 10 pulls per
+// scrape and a 64 MiB receive limit.
 func createDefaultConfig() component.Config {
 	controller := scraperhelper.NewDefaultControllerConfig()
 	controller.CollectionInterval = defaultCollectionInterval

@@ -72,11 +72,12 @@ func (e *testEnv) counter(t *testing.T, name string) int64 {
 	return total
 }
 
-// remoteConfig returns a valid remote-mode configuration for endpoint without TLS.
+// remoteConfig returns a valid remote-mode configuration for endpoint without TLS: `insecure:
+// true` over TCP; nothing for a unix socket, which is always plaintext.
 func remoteConfig(endpoint string) *Config {
 	cfg := createDefaultConfig().(*Config)
 	cfg.Endpoint = endpoint
-	cfg.TLS.Insecure = true
+	cfg.TLS.Insecure = !isUnixEndpoint(endpoint)
 	cfg.InitialDelay = 0
 	return cfg
 }

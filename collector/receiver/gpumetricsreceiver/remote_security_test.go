@@ -5,12 +5,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/config/configopaque"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -91,6 +93,42 @@ func TestRemoteTLS(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, 1, md.DataPointCount())
+		})
+	}
+}
+
+// TestRemoteUnixSocketIsPlaintext: a unix socket endpoint is dialled in plaintext without any
+// `tls` block (the sidecar never serves TLS there), and `tls: {insecure: true}` still works.
+// With TLS on by default the handshake would fail ("tls: first record does not look like a TLS
+// handshake") and the scrape would end in DEADLINE_EXCEEDED.
+func TestRemoteUnixSocketIsPlaintext(t *testing.T) {
+	tests := []struct {
+		name     string
+		insecure bool
+		endpoint func(string) string
+	}{
+		{name: "no tls block", endpoint: func(e string) string { return e }},
+		{name: "no tls block, unix:/path", endpoint: func(e string) string { return "unix:" + strings.TrimPrefix(e, "unix://") }},
+		{name: "insecure true", insecure: true, endpoint: func(e string) string { return e }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fake := fakesidecar.New(fakesidecar.Options{})
+			appendBatches(fake, 1, 1)
+			cfg := createDefaultConfig().(*Config)
+			cfg.Endpoint = tt.endpoint(serveUnix(t, fake))
+			cfg.TLS.Insecure = tt.insecure
+			cfg.InitialDelay = 0
+			env := newTestEnv(t)
+			s := newScraper(t, env, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+
+			md, err := s.scrape(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, 1, md.DataPointCount())
+			require.Len(t, fake.Requests(), 1)
+			assert.Empty(t, env.logs.FilterLevelExact(zapcore.WarnLevel).All(), "nothing to warn about")
 		})
 	}
 }

@@ -2,6 +2,7 @@ package gpumetricsreceiver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -85,9 +86,14 @@ func (s *pullScraper) startPlugin(ctx context.Context) (sidecar.Conn, error) {
 }
 
 func (s *pullScraper) dialRemote(ctx context.Context) (sidecar.Conn, error) {
-	tlsCfg, err := s.cfg.TLS.LoadTLSConfig(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("'tls': %w", err)
+	// A unix socket is always plaintext: the sidecar serves no TLS there (Validate refuses TLS
+	// settings with a unix endpoint).
+	var tlsCfg *tls.Config
+	if !isUnixEndpoint(s.cfg.Endpoint) {
+		var err error
+		if tlsCfg, err = s.cfg.TLS.LoadTLSConfig(ctx); err != nil {
+			return nil, fmt.Errorf("'tls': %w", err)
+		}
 	}
 	if tlsCfg == nil && (s.cfg.Token != "" || s.cfg.TokenFile != "") && !isLocalEndpoint(s.cfg.Endpoint) {
 		s.logger.Warn("A bearer token is sent in plaintext to a non-loopback sidecar; set 'tls' to protect it",
@@ -102,7 +108,7 @@ func (s *pullScraper) dialRemote(ctx context.Context) (sidecar.Conn, error) {
 
 // isLocalEndpoint reports whether endpoint is a unix socket or a loopback address.
 func isLocalEndpoint(endpoint string) bool {
-	if strings.HasPrefix(endpoint, unixScheme) {
+	if isUnixEndpoint(endpoint) {
 		return true
 	}
 	host, _, err := net.SplitHostPort(endpoint)
