@@ -1,8 +1,9 @@
 """Every Collector configuration in collector-config/ and the sample sidecar configuration load.
 
 Always: YAML without duplicate keys, a `gpumetrics` receiver in exactly one mode, pipelines that
-name only defined components, every `${env:NAME}` without a default known to this test, and what
-the end-to-end tests rely on in the e2e-*.yaml files. With the built distribution
+name only defined components, every `${env:NAME}` without a default known to this test, no
+deprecated prometheus exporter setting, and what the end-to-end tests rely on in the e2e-*.yaml
+files. With the built distribution
 ($OTELCOL_GPUMETRICS, set by scripts/test.sh after building it): `otelcol-gpumetrics validate`
 on each file, which runs the receiver's own Config.Validate.
 """
@@ -125,6 +126,19 @@ def test_e2e_configs_give_what_the_tests_read(path: Path) -> None:
     assert config["service"]["telemetry"]["metrics"]["level"] == "none"
     assert config["service"]["telemetry"]["logs"]["encoding"] == "json"
     assert config["service"]["telemetry"]["logs"]["level"] == "debug"  # go-plugin's messages
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_prometheus_exporters_avoid_deprecated_settings(path: Path) -> None:
+    """prometheusexporter v0.161.0 warns at every start that `resource_to_telemetry_conversion`
+    is deprecated; `resource_constant_labels: {included: ["*"]}` does the same (every resource
+    attribute becomes a label, which the Grafana dashboard's per-process panels group by)."""
+    exporters = load(path).get("exporters", {})
+    for name, exporter in exporters.items():
+        if name.split("/")[0] != "prometheus":
+            continue
+        assert "resource_to_telemetry_conversion" not in exporter, f"{path.name}: {name}"
+        assert exporter["resource_constant_labels"] == {"included": ["*"]}, f"{path.name}: {name}"
 
 
 def test_sample_sidecar_config_loads() -> None:

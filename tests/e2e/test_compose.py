@@ -146,6 +146,12 @@ def test_compose_services_run_as_plain_processes(
         assert col.stop(timeout_s=20) == 0, col.log_tail()
         assert side.stop(timeout_s=20) == 0, side.log_tail()
 
+    # No setting of the shipped configuration is deprecated (each would warn at every start).
+    deprecated = [
+        line for line in (tmp_path / "otelcol.log").read_text().splitlines() if "deprecated" in line
+    ]
+    assert not deprecated, f"the Collector warned: {deprecated}"
+
     assert_dashboard_metrics_exist(config, exposition)
 
 
