@@ -1,20 +1,26 @@
 """Static checks of docker-compose.yaml that need no process: both sidecars' settings (image ENV
 plus compose environment) validate as sidecar configuration, the `gpu` profile has what
-docs/deployment.md asks for a real GPU host, and the Collector runs collector-config/remote.yaml
+docs/deployment.md asks for a real GPU host (and not the demo's node name), the sidecars'
+healthchecks probe often while starting, and the Collector runs collector-config/remote.yaml
 against the socket the sidecar listens on. The runtime check is test_compose.py."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
+import pytest
 from gpumetrics.config.load import load_config
 from gpumetrics.nvml import sim
 
-from .compose import HostMapping, compose_cli, compose_config, service_run
+from .compose import HostMapping, ServiceRun, compose_cli, compose_config, service_run
 from .harness import REPO
 
 
-def mapped_runs(tmp_path: Path, *profiles: str):
+def mapped_runs(
+    tmp_path: Path, *profiles: str
+) -> tuple[dict[str, Any], HostMapping, dict[str, ServiceRun]]:
     config = compose_config(compose_cli(), *profiles)
     mapping = HostMapping(tmp_path, set(config["services"]))
     runs = {
@@ -37,6 +43,7 @@ def test_default_profile_runs_the_simulated_sidecar(tmp_path: Path) -> None:
     assert [str(a) for a in settings.server.listen] == [
         mapping.rewrite("unix:///run/gpumetrics/gpumetrics.sock")
     ]
+    assert settings.identity.node_name == "gpumetrics-demo"  # the demo's host.name
 
 
 def test_gpu_profile_sidecar_has_host_pids_proc_and_gpus(tmp_path: Path) -> None:
@@ -54,6 +61,52 @@ def test_gpu_profile_sidecar_has_host_pids_proc_and_gpus(tmp_path: Path) -> None
     settings = load_config(environ=mapping.rewrite_env(sidecar.env))
     # /host/proc in the container is the host's /proc (mapped back here).
     assert settings.identity.proc_root == "/proc"
+
+
+@pytest.mark.parametrize(
+    ("node_name_env", "expected"),
+    [(None, None), ("", None), ("gpu-node-7", "gpu-node-7")],
+    ids=["NODE_NAME unset", "NODE_NAME empty", "NODE_NAME set"],
+)
+def test_gpu_profile_node_name_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_name_env: str | None, expected: str | None
+) -> None:
+    """A real node must not report the demo's host.name: `gpu` takes NODE_NAME (compose reads
+    the shell's environment and .env) and otherwise leaves the sidecar's default."""
+    if node_name_env is None:
+        monkeypatch.delenv("NODE_NAME", raising=False)
+    else:
+        monkeypatch.setenv("NODE_NAME", node_name_env)
+    _, mapping, runs = mapped_runs(tmp_path, "gpu")
+    sidecar = runs["gpumetrics-gpu"]
+    assert "gpumetrics-demo" not in sidecar.env.values()
+    settings = load_config(environ=mapping.rewrite_env(sidecar.env))
+    assert settings.identity.node_name == expected
+
+
+def duration_s(text: str) -> float:
+    """A compose duration such as ``1s``, ``500ms`` or ``1m30s``, in seconds."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, f"unreadable duration {text!r}"
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+@pytest.mark.parametrize(
+    ("profile", "service"),
+    [((), "gpumetrics"), (("gpu",), "gpumetrics-gpu")],
+    ids=["simulated", "gpu"],
+)
+def test_sidecar_healthcheck_probes_often_while_starting(
+    profile: tuple[str, ...], service: str
+) -> None:
+    """The Collector waits for the sidecar's healthcheck: during `start_period` it is probed
+    every `start_interval`, much sooner than the steady `interval`."""
+    health = compose_config(compose_cli(), *profile)["services"][service]["healthcheck"]
+    start_interval = duration_s(health["start_interval"])
+    assert 0 < start_interval <= 2.0
+    assert start_interval < duration_s(health["interval"])
+    assert duration_s(health["start_period"]) >= 10 * start_interval
 
 
 def test_collector_runs_remote_config_against_the_sidecar_socket(tmp_path: Path) -> None:
