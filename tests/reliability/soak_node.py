@@ -144,9 +144,14 @@ class SoakNode:
         self._health = health_pb2_grpc.HealthStub(self.channel())
 
     def channel(self) -> grpc.Channel:
+        """A channel closed with the node (for the run's long-lived clients)."""
         ch = grpc.insecure_channel(self.address)
         self.channels.append(ch)
         return ch
+
+    def dial(self) -> grpc.Channel:
+        """A channel its caller closes (consumers that reconnect: the node keeps no reference)."""
+        return grpc.insecure_channel(self.address)
 
     def cycle(self) -> tuple[CycleReport, metrics_service_pb2.ExportMetricsServiceRequest]:
         """Collect once at the current simulated time, then store one batch."""
