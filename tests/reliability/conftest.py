@@ -153,7 +153,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         "figures": figures.as_dict(),
     }
     terminalreporter.section("gpumetrics reliability figures")
-    terminalreporter.write_line(json.dumps(doc, indent=1))
+    if form.name == "long" or os.environ.get(REPORT_ENV) or config.option.verbose > 0:
+        terminalreporter.write_line(json.dumps(doc, indent=1))
+    else:  # the short form in CI: one line; -v, --long or the report variable give them all
+        soak = doc["figures"].get("soak", {})
+        keys = (
+            "faults_survived.total",
+            "points_produced",
+            "points_dropped.max_data_points",
+            "points_held_at_end",
+            "pids_reused",
+        )
+        shown = ", ".join(f"{k} {soak[k]:g}" for k in keys if k in soak)
+        terminalreporter.write_line(
+            f"{form.name} form, seed {form.seed}, {doc['total_s']} s: {shown} "
+            f"(all figures: -v or {REPORT_ENV}=FILE)"
+        )
     path = os.environ.get(REPORT_ENV)
     if path:
         with open(path, "w", encoding="utf-8") as f:
