@@ -7,10 +7,8 @@ holds a metric the catalogue does not describe.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpumetrics.metrics.spec import MetricSpec, ValueType
 
@@ -29,8 +27,7 @@ class UnknownMetricError(KeyError):
         return f"unknown metric {self.name!r}: not in catalogue.yaml"
 
 
-@dataclass(frozen=True, slots=True)
-class Point:
+class Point(NamedTuple):
     """One OTLP ``NumberDataPoint``.
 
     Attributes:
@@ -56,11 +53,12 @@ class MetricBuffer:
 
     """
 
-    __slots__ = ("_specs", "_points")
+    __slots__ = ("_specs", "_points", "_rules")
 
     def __init__(self, specs: Mapping[str, MetricSpec]) -> None:
         self._specs = specs
         self._points: dict[str, list[Point]] = {}
+        self._rules: dict[str, tuple[list[Point], bool, bool, bool]] = {}
 
     def points(self, name: str) -> list[Point]:
         """Return the mutable point list of metric ``name``, created on first use.
@@ -88,7 +86,8 @@ class MetricBuffer:
 
         Checks, from the spec: the value type (int metrics take ``int``, double metrics take
         ``int | float``), finiteness, ratio metrics within [0, 1], a non-zero start time for Sum
-        metrics and a positive time.
+        metrics and a positive time. (This runs for every point, so the spec's rules are
+        looked up once per metric and buffer.)
 
         Raises:
             UnknownMetricError: ``name`` is not in the catalogue.
@@ -96,24 +95,42 @@ class MetricBuffer:
                 readings they know to be garbage before they get here; this is the last guard.
 
         """
-        spec = self._specs.get(name)
-        if spec is None:
-            raise UnknownMetricError(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        rules = self._rules.get(name)
+        if rules is None:
+            rules = self._first_use(name)
+        pts, int_only, ratio, is_sum = rules
+        kind = type(value)
+        if kind is float:
+            if int_only:
+                raise ValueError(f"{name}: int metric given float {value!r}")
+            if value - value != 0.0:  # NaN or ±inf
+                raise ValueError(f"{name}: value {value!r} is not finite")
+        elif kind is not int and (kind is bool or not isinstance(value, (int, float))):
             raise ValueError(f"{name}: value {value!r} is not a number")
-        if spec.value_type is ValueType.INT and not isinstance(value, int):
-            raise ValueError(f"{name}: int metric given {type(value).__name__} {value!r}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{name}: value {value!r} is not finite")
-        if spec.ratio and not 0.0 <= value <= 1.0:
+        elif not isinstance(value, int) and int_only:  # float subclasses
+            raise ValueError(f"{name}: int metric given {kind.__name__} {value!r}")
+        if ratio and not 0.0 <= value <= 1.0:
             raise ValueError(f"{name}: ratio {value!r} outside [0, 1]")
         if time_unix_nano <= 0:
             raise ValueError(f"{name}: time_unix_nano must be > 0")
-        if spec.instrument.is_sum and start_time_unix_nano <= 0:
+        if is_sum and start_time_unix_nano <= 0:
             raise ValueError(f"{name}: cumulative sum point needs start_time_unix_nano")
         point = Point(value, time_unix_nano, attributes, start_time_unix_nano)
-        self.points(name).append(point)
+        pts.append(point)
         return point
+
+    def _first_use(self, name: str) -> tuple[list[Point], bool, bool, bool]:
+        spec = self._specs.get(name)
+        if spec is None:
+            raise UnknownMetricError(name)
+        rules = (
+            self.points(name),
+            spec.value_type is ValueType.INT,
+            spec.ratio,
+            spec.instrument.is_sum,
+        )
+        self._rules[name] = rules
+        return rules
 
     def items(self) -> Iterator[tuple[MetricSpec, list[Point]]]:
         """Yield ``(spec, points)`` for every metric with at least one point, in first-use order."""

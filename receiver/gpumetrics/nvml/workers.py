@@ -9,6 +9,14 @@ results, up to two deadlines measured on ``time.monotonic`` (real time):
 - the **cycle deadline** (``cycle_timeout_s``, default ``interval_s``): whatever has not finished
   by then is abandoned.
 
+Jobs start **one after another**: each job gets ``stagger_s`` (10 ms) alone before the next
+device's job starts, and a job that finishes sooner (the normal case: a device's tick is a few
+hundred microseconds of NVML calls) lets the next start at once. Python threads share one
+interpreter lock, and eight device jobs running at once spent more CPU contending for it than
+on the work (measured: 14 ms against 6 ms of CPU per 8-GPU cycle). A slow or hung job only
+delays the others by ``stagger_s``; after that they run beside it. Staggering stops after a
+quarter of the cycle deadline, so the last devices of a short cycle are not starved of time.
+
 An abandoned job keeps running on its worker; its result is discarded when it eventually
 returns, and until then the device is reported ``busy`` and gets no new job (no pile-up behind
 a hung call). :meth:`WorkerPool.close` stops and joins every worker; it reports whether all of
@@ -24,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 
@@ -110,11 +119,13 @@ class WorkerPool:
 
     Args:
         call_timeout_s: per-call deadline (s).
+        stagger_s: how long a job runs alone before the next device's job starts (s).
 
     """
 
-    def __init__(self, call_timeout_s: float) -> None:
+    def __init__(self, call_timeout_s: float, stagger_s: float = 0.01) -> None:
         self._call_timeout = call_timeout_s
+        self._stagger = stagger_s
         self._done = threading.Condition()
         self._workers: dict[str, _Worker] = {}
         self._stopping: list[_Worker] = []
@@ -135,6 +146,9 @@ class WorkerPool:
         ticket = self._ticket
         outcomes: dict[str, Outcome] = {}
         pending: dict[str, _Worker] = {}
+        start = time.monotonic()
+        end = start + deadline_s
+        stagger_until = start + deadline_s * _STAGGER_SHARE  # then start the rest at once
         with self._done:
             for key, job in jobs.items():
                 worker = self._workers.get(key)
@@ -146,7 +160,9 @@ class WorkerPool:
                     continue
                 worker.submit(ticket, job)
                 pending[key] = worker
-        end = time.monotonic() + deadline_s
+                head_start = min(self._stagger, stagger_until - time.monotonic())
+                if head_start > 0:  # let this job run alone for a while (module docstring)
+                    self._done.wait_for(partial(_answered, worker, ticket), head_start)
         with self._done:
             while pending:
                 now = time.monotonic()
@@ -215,3 +231,12 @@ class WorkerPool:
         """Block until no worker runs a job, or ``timeout_s`` passes; True when idle."""
         with self._done:
             return self._done.wait_for(lambda: not self._busy(), timeout=timeout_s)
+
+
+_STAGGER_SHARE = 0.25
+"""Share of the cycle deadline that job starts may be staggered over."""
+
+
+def _answered(worker: _Worker, ticket: int) -> bool:
+    res = worker.result
+    return res is not None and res[0] == ticket
