@@ -73,6 +73,9 @@ class FakeDeclaredStore:
     def begin_resync(self, declarer):
         self.resync[declarer] = set()
 
+    def abort_resync(self, declarer):
+        return self.resync.pop(declarer, None) is not None
+
     def end_resync(self, declarer):
         if declarer not in self.resync:
             raise FakeDeclarationError("resync_end", "no resynchronisation in progress")
