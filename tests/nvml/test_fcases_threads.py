@@ -170,3 +170,32 @@ def test_F12_F22_session_lost_while_a_call_hangs_defers_the_shutdown(nvml_run, h
     assert run.calls("nvmlShutdown") == 1
     assert run.errors("nvmlInit", "LIB_RM_VERSION_MISMATCH") == 1
     assert [v for v in run.drv.violations if v.kind == "shutdown_during_call"] == []
+
+
+def test_F21_a_tick_cut_short_by_the_cycle_deadline_leaves_the_gpu_healthy(nvml_run, helpers):
+    # GPU 3's 8 s call (cycle 5) is younger than the 60 s per-call deadline when the 1 s cycle
+    # deadline passes: the tick is an overrun, not evidence against the GPU. (1 s, not 0.2 s:
+    # the other ticks must still finish inside it on a loaded machine.)
+    scn = _f21(helpers, lambda f: f.get("latency_s"))
+    run = nvml_run(scn, helpers.settings(call_timeout_s=60.0, cycle_timeout_s=1.0), latency="block")
+    run.cycle(4)
+    run.output()
+    report = run.collect()  # cycle 5
+    assert report.overrun == [_uuid(3)] and report.timed_out == []
+    assert report.states[_uuid(3)] == "ok"
+    out = run.output()
+    assert [
+        p for p in out.points if p.attrs.get("hw.id") == _uuid(3) and p.metric != names.MetricStatus
+    ] == []  # its readings for the tick are dropped, never re-served
+    assert out.one(names.MetricStatus, hw__id=_uuid(3), hw__state="ok").value == 1
+    assert _timeouts(run) == {}
+    assert run.self_output().one("gpumetrics.collection.overruns").value == 1
+    run.drv.next_cycle()
+    report = run.collect()  # still inside the call: no new work, another overrun
+    assert report.overrun == [_uuid(3)] and report.states[_uuid(3)] == "ok"
+    run.drv.advance(8.0)
+    assert run.col.wait_idle(5.0)
+    report = run.collect()
+    assert report.overrun == [] and report.timed_out == []
+    assert len(run.output().find(names.MetricTemperature, hw__id=_uuid(3))) == 1
+    assert run.self_output().one("gpumetrics.collection.overruns").value == 2

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 
-from gpumetrics.nvml.workers import Job, Status, WorkerPool
+from gpumetrics.nvml.workers import Job, Outcome, Status, WorkerPool
 
 
 class Overlap:
@@ -51,3 +52,43 @@ def test_a_hung_job_delays_the_others_by_the_stagger_only():
         assert pool.close(5.0)
     assert outcomes["hung"].status is Status.TIMED_OUT
     assert all(outcomes[f"gpu{i}"].status is Status.DONE for i in range(4))
+
+
+def test_cycle_deadline_without_an_overdue_call_is_an_overrun_not_a_timeout():
+    # Both jobs block until released, so neither can finish inside the 50 ms cycle deadline:
+    # one is between NVML calls (in_flight None), one inside a call younger than the 60 s
+    # per-call deadline. Neither is evidence against its GPU.
+    release = threading.Event()
+    pool = WorkerPool(call_timeout_s=60.0, stagger_s=0.0)
+    started = time.monotonic()
+    jobs = {
+        "between": Job(lambda: release.wait(30), lambda: None),
+        "in_call": Job(lambda: release.wait(30), lambda: ("nvmlDeviceGetPowerUsage", started)),
+    }
+    try:
+        outcomes = pool.run(jobs, deadline_s=0.05)
+        assert outcomes["between"] == Outcome(Status.OVERRUN)
+        assert outcomes["in_call"] == Outcome(Status.OVERRUN, function="nvmlDeviceGetPowerUsage")
+        # still inside the same jobs next cycle: overruns again, no new job submitted
+        again = pool.run(jobs, deadline_s=0.05)
+        assert [o.status for o in again.values()] == [Status.OVERRUN, Status.OVERRUN]
+    finally:
+        release.set()
+        assert pool.close(5.0)
+
+
+def test_an_overrun_call_that_passes_its_deadline_later_is_timed_out_once():
+    release = threading.Event()
+    pool = WorkerPool(call_timeout_s=60.0, stagger_s=0.0)
+    flight = ["nvmlDeviceGetPowerUsage", time.monotonic()]  # the call began just now
+    jobs = {"gpu0": Job(lambda: release.wait(30), lambda: (flight[0], flight[1]))}
+    try:
+        assert pool.run(jobs, deadline_s=0.05)["gpu0"].status is Status.OVERRUN
+        flight[1] -= 120.0  # the same call, now seen 120 s older: past the per-call deadline
+        first = pool.run(jobs, deadline_s=0.05)["gpu0"]
+        assert first == Outcome(Status.TIMED_OUT, function="nvmlDeviceGetPowerUsage")
+        second = pool.run(jobs, deadline_s=0.05)["gpu0"]  # reported once; then it is busy
+        assert second == Outcome(Status.BUSY, function="nvmlDeviceGetPowerUsage")
+    finally:
+        release.set()
+        assert pool.close(5.0)

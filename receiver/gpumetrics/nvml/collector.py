@@ -49,7 +49,10 @@ class CycleReport:
         reason: ``gpumetrics.nvml.up`` reason (``ok``, ``released``,
             ``lib_rm_version_mismatch``...).
         states: ``hw.state`` per device UUID (MIG instances included).
-        timed_out: device UUIDs abandoned at a deadline (or still busy) this cycle.
+        timed_out: device UUIDs whose NVML call ran past the per-call deadline this cycle (or
+            is still running since): their readings are dropped and they are ``degraded``.
+        overrun: device UUIDs abandoned at the cycle deadline with no call past its per-call
+            deadline: readings dropped, health unchanged (``nvml/workers.py``).
         points: data points committed to the producer.
 
     """
@@ -58,6 +61,7 @@ class CycleReport:
     reason: str
     states: dict[str, str] = field(default_factory=dict)
     timed_out: list[str] = field(default_factory=list)
+    overrun: list[str] = field(default_factory=list)
     points: int = 0
 
 
@@ -109,6 +113,7 @@ class Collector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._overrun_logged = False
         self._shut_down = False
         self.ready = threading.Event()
         """Set after the first complete collection cycle."""
@@ -272,6 +277,9 @@ class Collector:
                     return self._library_down(out.error.error)
                 self._log.error("GPU %s: collection failed: %r", key, out.error, exc_info=out.error)
                 dev.health.tick_done(True, type(out.error).__name__)
+            elif out.status is Status.OVERRUN:
+                report.overrun.append(key)
+                self._overrun(dev, out.function)
             else:
                 report.timed_out.append(key)
                 self._timeout(dev, out.function, out.status is Status.BUSY)
@@ -307,6 +315,21 @@ class Collector:
                 "gpumetrics.collection.timeouts", 1, {"nvml.function": function or "unknown"}
             )
         dev.health.tick_done(True, f"timeout in {function or 'unknown'}")
+
+    def _overrun(self, dev: Device, function: str | None) -> None:
+        # The tick ran out of time without an NVML call past its deadline: the sidecar was
+        # slow, not the GPU (nvml/workers.py). The readings are dropped; health is unchanged.
+        self._telemetry.add("gpumetrics.collection.overruns", 1, {})
+        if not self._overrun_logged:
+            self._overrun_logged = True
+            self._log.warning(
+                "GPU %s: tick abandoned at the cycle deadline (%s s) while %s; its readings for "
+                "this tick are dropped (the sidecar is short of CPU time?). Counted in "
+                "gpumetrics.collection.overruns; logged once",
+                dev.uuid,
+                self._settings.cycle_deadline_s,
+                f"in {function}" if function else "between NVML calls",
+            )
 
     def _replace(self, replaced: dict[str, Device]) -> None:
         for old_key, fresh in replaced.items():

@@ -33,6 +33,9 @@ class CollectionSettings(BaseModel):
       device's readings for that tick are dropped, ``gpumetrics.collection.timeouts{nvml.function}``
       rises, and the device gets no new work until the call returns (F21).
     - ``cycle_timeout_s`` (None → ``interval_s``): the longest a tick waits for all devices.
+      A device not done by then loses that tick's readings; unless one of its calls is past
+      ``call_timeout_s`` this is an overrun (``gpumetrics.collection.overruns``) and its health
+      is unchanged.
 
     Back-off (seconds, doubling from ``*_initial_s`` up to ``*_max_s``):
 

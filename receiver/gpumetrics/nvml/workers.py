@@ -9,6 +9,13 @@ results, up to two deadlines measured on ``time.monotonic`` (real time):
 - the **cycle deadline** (``cycle_timeout_s``, default ``interval_s``): whatever has not finished
   by then is abandoned.
 
+Only the per-call deadline is evidence against a device: a job abandoned at the cycle deadline
+while no NVML call of it had run past ``call_timeout_s`` is an **overrun** (``Status.OVERRUN``):
+the sidecar itself did not get through the tick in time (a CPU-starved or throttled container,
+a slow first cycle), which says nothing about the GPU. Its readings are dropped like any
+abandoned job's, but the collector leaves the device's health as it was. A call that passes its
+per-call deadline later, while its worker is still busy, is reported ``TIMED_OUT`` then, once.
+
 Jobs start **one after another**: each job gets ``stagger_s`` (10 ms) alone before the next
 device's job starts, and a job that finishes sooner (the normal case: a device's tick is a few
 hundred microseconds of NVML calls) lets the next start at once. Python threads share one
@@ -42,7 +49,11 @@ class Status(enum.Enum):
     DONE = "done"
     FAILED = "failed"
     TIMED_OUT = "timed_out"
+    """An NVML call of the job ran past the per-call deadline (reported once per call)."""
     BUSY = "busy"
+    """The worker is still inside a call already reported TIMED_OUT: no new job."""
+    OVERRUN = "overrun"
+    """Abandoned at the cycle deadline, no call past its per-call deadline (module docstring)."""
 
 
 @dataclass
@@ -53,7 +64,8 @@ class Outcome:
         status: see :class:`Status`.
         result: the job's return value (DONE).
         error: the exception the job raised (FAILED).
-        function: the NVML call in flight when the job was abandoned (TIMED_OUT / BUSY), if known.
+        function: the NVML call in flight when the job was abandoned (TIMED_OUT / BUSY /
+            OVERRUN), if known.
 
     """
 
@@ -85,6 +97,8 @@ class _Worker:
         self.result: tuple[int, Outcome] | None = None
         self.job: Job | None = None
         self.busy = False
+        self.reported: tuple[str, float] | None = None
+        """The in-flight call last reported TIMED_OUT (so a hung call is reported once)."""
         self.thread = threading.Thread(
             target=self._loop, name=f"gpumetrics-nvml-{name}", daemon=True
         )
@@ -156,7 +170,7 @@ class WorkerPool:
                     worker = self._workers[key] = _Worker(key, self._done)
                 if worker.busy:
                     flight = worker.job.in_flight() if worker.job else None
-                    outcomes[key] = Outcome(Status.BUSY, function=flight[0] if flight else None)
+                    outcomes[key] = self._still_busy(worker, flight, time.monotonic())
                     continue
                 worker.submit(ticket, job)
                 pending[key] = worker
@@ -176,19 +190,34 @@ class WorkerPool:
                     flight = jobs[key].in_flight()
                     if flight is not None:
                         overdue = flight[1] + self._call_timeout
-                        if now >= overdue or now >= end:
+                        if now >= overdue:
+                            worker.reported = flight
                             outcomes[key] = Outcome(Status.TIMED_OUT, function=flight[0])
+                            del pending[key]
+                            continue
+                        if now >= end:
+                            outcomes[key] = Outcome(Status.OVERRUN, function=flight[0])
                             del pending[key]
                             continue
                         wake = min(wake, overdue)
                     elif now >= end:
-                        outcomes[key] = Outcome(Status.TIMED_OUT)
+                        outcomes[key] = Outcome(Status.OVERRUN)
                         del pending[key]
                     else:  # between calls: the next call cannot be overdue before this
                         wake = min(wake, now + self._call_timeout)
                 if pending:
                     self._done.wait(max(0.0, min(wake, end) - now) + 0.001)
         return outcomes
+
+    def _still_busy(self, worker: _Worker, flight: tuple[str, float] | None, now: float) -> Outcome:
+        """Return the outcome for a device whose worker is still inside an abandoned job."""
+        function = flight[0] if flight else None
+        if flight is None or now < flight[1] + self._call_timeout:
+            return Outcome(Status.OVERRUN, function=function)
+        if worker.reported == flight:
+            return Outcome(Status.BUSY, function=function)
+        worker.reported = flight  # an overrun call that has now passed its per-call deadline
+        return Outcome(Status.TIMED_OUT, function=function)
 
     def forget(self, key: str) -> None:
         """Stop the worker of a device that no longer exists (it exits after its current job)."""
