@@ -117,13 +117,26 @@ def serve_plugin(
         watcher.start()
         sidecar.wait()
         timeout = config.plugin.shutdown_timeout_s
-        _watchdog(timeout + 0.3)
+        _watchdog(watchdog_delay_s(timeout))
         services.close()
         sidecar.shutdown(timeout)
     finally:
         watcher.stop(0.5)
         listener.close()
     return _exit_code(sidecar)
+
+
+GO_PLUGIN_KILL_AFTER_S = 2.0
+"""go-plugin's host kills a plugin this long after ``GRPCController/Shutdown`` (``client.go``)."""
+
+
+def watchdog_delay_s(shutdown_timeout_s: float) -> float:
+    """When the plugin watchdog ends the process (s after shutdown began).
+
+    300 ms after the orderly shutdown's budget, but always 100 ms before go-plugin's kill, so
+    the plugin exits by itself (status 0) whatever ``plugin.shutdown_timeout_s`` says.
+    """
+    return min(shutdown_timeout_s + 0.3, GO_PLUGIN_KILL_AFTER_S - 0.1)
 
 
 def _watchdog(after_s: float) -> None:
