@@ -2,7 +2,7 @@
 
 Both run at the same time, each as its own process with the simulated driver installed beneath
 nvidia-ml-py by the simulator's launcher (``benchmarks/simexec.py`` around
-``python -m gpumetrics.nvml.sim exec``), on the same scenario file: 8 H100s of the
+``python -m nvmlsim exec``), on the same scenario file: 8 H100s of the
 ``h100-8x-training`` profile (driver 570, 20 ms PCIe window as on hardware) with 8 training
 processes each, 64 in all, at a 1 s cadence.
 

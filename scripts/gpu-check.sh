@@ -80,7 +80,7 @@ fi
 RUNPY=("$PY")
 SERVE_SIM=()
 if [ -n "$SIMULATE" ]; then
-  RUNPY=("$PY" -m gpumetrics.nvml.sim exec --simulate "$SIMULATE" --)
+  RUNPY=("$PY" -m nvmlsim exec --simulate "$SIMULATE" --)
   SERVE_SIM=(--simulate "$SIMULATE")
 fi
 HAVE_SMI=0

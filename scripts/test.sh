@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The project's test command (README "Quick start", second command; CI runs it via .ci/run).
-# Sets up a virtual environment in .venv (or $VENV), installs the package with its test extras,
-# then runs, in order:
-#   1. generated code is fresh; lint: ruff (lint everywhere, format on the package), mypy on the
-#      package, buf lint on proto/;
-#   2. the Python suites (everything not marked e2e);
+# Sets up a virtual environment in .venv (or $VENV), installs the package with its test extras
+# and the simulated NVML driver (nvmlsim/, its own distribution), then runs, in order:
+#   1. generated code is fresh; lint: ruff (lint everywhere, format on both packages), mypy on
+#      both packages, import-linter (the layers of docs/architecture.md), buf lint on proto/;
+#   2. the Python suites (everything not marked e2e) and the simulator's own tests;
+#   2b. the same NVML-facing suites (the simulator's, tests/nvml) against the OLDEST supported
+#      nvidia-ml-py; the simulator's in a small venv of their own without gpumetrics, which
+#      also proves it stands alone (stage 2 ran them against the newest);
 #   3. the Go receiver: collector/scripts/test.sh (gofmt, hadolint, go vet, go test);
 #   4. static validation of docker-compose.yaml, the Dockerfiles and collector-config/
 #      (scripts/validate-compose.sh);
@@ -21,7 +24,7 @@ fi
 . "$VENV/bin/activate"
 VENV=$(cd "$VENV" && pwd)   # absolute: later stages run from other directories
 python -m pip install -q --upgrade pip
-python -m pip install -q -e '.[test]'
+python -m pip install -q -e ./nvmlsim -e '.[test]'
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 run_pytest() {
@@ -40,12 +43,31 @@ stage "generated code is fresh"
 
 stage "lint"
 ruff check .
-ruff format --check receiver
+ruff format --check receiver nvmlsim/src
 mypy receiver/gpumetrics
+(cd nvmlsim && mypy)
+lint-imports
+(cd nvmlsim && lint-imports)
 ./scripts/lint-proto.sh
 
-stage "python tests"
+stage "python tests (nvidia-ml-py $(python -c 'import importlib.metadata as m; print(m.version("nvidia-ml-py"))'))"
 run_pytest -m "not e2e"
+(cd nvmlsim && run_pytest)
+
+# The oldest nvidia-ml-py the range in pyproject.toml and nvmlsim/pyproject.toml allows; the
+# newest is what stage 2 ran with. Keep equal to the lower bounds there.
+NVML_OLDEST=12.570.86
+stage "oldest nvidia-ml-py ($NVML_OLDEST): simulator (alone) and NVML collector"
+simvenv="$VENV-nvmlsim"
+if [ ! -x "$simvenv/bin/python" ]; then python3 -m venv "$simvenv"; fi
+"$simvenv/bin/python" -m pip install -q --disable-pip-version-check \
+  "nvidia-ml-py==$NVML_OLDEST" -e './nvmlsim[test]'
+"$simvenv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("gpumetrics") is not None)'
+(cd nvmlsim && "$simvenv/bin/python" -m pytest -q -p no:cacheprovider)
+oldest="$VENV/nvidia-ml-py-$NVML_OLDEST"   # just the binding, ahead of the venv's on sys.path
+[ -f "$oldest/pynvml.py" ] || python -m pip install -q --no-deps --target "$oldest" "nvidia-ml-py==$NVML_OLDEST"
+PYTHONPATH="$oldest" python -c "import importlib.metadata as m; assert m.version('nvidia-ml-py') == '$NVML_OLDEST'"
+PYTHONPATH="$oldest" run_pytest tests/nvml
 
 stage "go receiver"
 PYTHON="$VENV/bin/python" HADOLINT="$VENV/bin/hadolint" ./collector/scripts/test.sh

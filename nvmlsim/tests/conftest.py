@@ -8,14 +8,14 @@ from typing import Any
 
 import pynvml
 import pytest
-from gpumetrics.nvml import sim
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "testdata" / "scenarios"
+import nvmlsim as sim
 
 
 @pytest.fixture
 def scenarios_dir() -> Path:
-    return SCENARIOS
+    """The folder of the field-case scenarios shipped with nvmlsim (``F01_...yaml``)."""
+    return sim.field_case_path("F01_r535_32byte_process_records").parent
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The examples in docs/simulated-driver.md load and run (so the docs cannot rot)."""
+"""The examples in the README load and run (so the docs cannot rot)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from gpumetrics.nvml import sim
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "simulated-driver.md"
+import nvmlsim as sim
+
+DOC = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _example(title: str, tmp_path: Path) -> Path:

@@ -6,7 +6,8 @@ import threading
 
 import pynvml
 import pytest
-from gpumetrics.nvml import sim
+
+import nvmlsim as sim
 
 from .sim_helpers import MIG_DEVICE, MIG_UUID, UUID0, full_scenario, h0, one_gpu
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import pynvml
 import pytest
-from gpumetrics.nvml import sim
-from gpumetrics.nvml.sim import codes
+
+import nvmlsim as sim
+from nvmlsim import codes
 
 from .sim_helpers import h0
 

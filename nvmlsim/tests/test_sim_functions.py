@@ -13,8 +13,9 @@ from typing import Any
 
 import pynvml
 import pytest
-from gpumetrics.nvml import sim
-from gpumetrics.nvml.sim import codes
+
+import nvmlsim as sim
+from nvmlsim import codes
 
 from .sim_helpers import MIG_UUID, UUID0, UUID1, full_scenario, handle_value
 

@@ -1,4 +1,4 @@
-"""``python -m gpumetrics.nvml.sim``: exec a program on the simulation, list, validate, schema."""
+"""``python -m nvmlsim``: exec a program on the simulation, list, validate, schema."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from gpumetrics.nvml import sim
-from gpumetrics.nvml.sim.launcher import main
+
+import nvmlsim as sim
+from nvmlsim.launcher import main
 
 PROGRAM = """
 import sys, pynvml
@@ -70,7 +71,7 @@ def test_exec_as_a_subprocess_with_the_default_profile(tmp_path: Path):
     script.write_text(PROGRAM)
     result = tmp_path / "out.txt"
     proc = subprocess.run(
-        [sys.executable, "-m", "gpumetrics.nvml.sim", "exec", "--", str(script), str(result), "0"],
+        [sys.executable, "-m", "nvmlsim", "exec", "--", str(script), str(result), "0"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -84,6 +85,10 @@ def test_list_validate_and_schema(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["list"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[0] for line in listed] == sim.list_profiles()
+    assert main(["list", "--field-cases"]) == 0
+    assert capsys.readouterr().out.splitlines() == sim.list_field_cases()
+    assert main(["validate", "F16_pid_reuse"]) == 0
+    assert "F16_pid_reuse: ok" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
     bad.write_text("devices: [{uuid: GPU-1, fan: 3}]\n")
     assert main(["validate", "h100-sxm", str(bad)]) == 1
@@ -91,7 +96,8 @@ def test_list_validate_and_schema(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "h100-sxm: ok" in captured.out
     assert "devices[0].fan: Extra inputs are not permitted" in captured.err
     assert main(["schema"]) == 0
-    assert json.loads(capsys.readouterr().out)["title"] == "gpumetrics simulated NVML scenario"
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["title"] == "nvmlsim scenario (simulated NVML driver)"
 
 
 def test_exec_with_a_broken_scenario_fails_before_running(tmp_path: Path, capsys):

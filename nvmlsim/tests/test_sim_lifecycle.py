@@ -8,8 +8,9 @@ import ctypes
 
 import pynvml
 import pytest
-from gpumetrics.nvml import sim
-from gpumetrics.nvml.sim.install import SimLibrary
+
+import nvmlsim as sim
+from nvmlsim.install import SimLibrary
 
 from .sim_helpers import full_scenario, h0, one_gpu
 

@@ -7,14 +7,15 @@ import os
 
 import pynvml
 import pytest
-from gpumetrics.nvml.sim import memio
-from gpumetrics.nvml.sim.symbols.fieldvalues import FIELD_VALUE
-from gpumetrics.nvml.sim.symbols.identity import PCI_INFO
-from gpumetrics.nvml.sim.symbols.memory import CONF_COMPUTE, MEMORY_V1, MEMORY_V2, MEMORY_V2_VERSION
-from gpumetrics.nvml.sim.symbols.processes import DETAIL_LIST, DETAIL_LIST_VERSION
-from gpumetrics.nvml.sim.symbols.procutil import UTIL_INFO, UTIL_INFO_VERSION
-from gpumetrics.nvml.sim.symbols.sensors import TEMPERATURE_V1, TEMPERATURE_V1_VERSION
-from gpumetrics.nvml.sim.symbols.utilization import UTILIZATION
+
+from nvmlsim import memio
+from nvmlsim.symbols.fieldvalues import FIELD_VALUE
+from nvmlsim.symbols.identity import PCI_INFO
+from nvmlsim.symbols.memory import CONF_COMPUTE, MEMORY_V1, MEMORY_V2, MEMORY_V2_VERSION
+from nvmlsim.symbols.processes import DETAIL_LIST, DETAIL_LIST_VERSION
+from nvmlsim.symbols.procutil import UTIL_INFO, UTIL_INFO_VERSION
+from nvmlsim.symbols.sensors import TEMPERATURE_V1, TEMPERATURE_V1_VERSION
+from nvmlsim.symbols.utilization import UTILIZATION
 
 from .sim_helpers import h0, one_gpu
 

@@ -6,7 +6,8 @@ import struct
 
 import pynvml
 import pytest
-from gpumetrics.nvml.sim.samples import encode_value
+
+from nvmlsim.samples import encode_value
 
 from .sim_helpers import h0, one_gpu
 

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from gpumetrics.nvml import sim
-from gpumetrics.nvml.sim.model.values import Ramp, Sine, Square, Trace, evaluate
+
+import nvmlsim as sim
+from nvmlsim.model.values import Ramp, Sine, Square, Trace, evaluate
 
 from .sim_helpers import UUID0, full_scenario, one_gpu
 
@@ -233,6 +234,14 @@ def test_every_field_case_has_a_loadable_scenario(scenarios_dir: Path):
     for f in files:
         scn = sim.load_scenario(f)
         assert scn.name == f.stem
+    assert sim.list_field_cases() == [f.stem for f in files]
+    by_name = sim.load_scenario("F16_pid_reuse")
+    assert by_name == sim.load_scenario(scenarios_dir / "F16_pid_reuse.yaml")
+
+
+def test_unknown_field_case_names_both_kinds():
+    with pytest.raises(sim.ScenarioError, match="no such profile, field case or file"):
+        sim.field_case_path("F99_nothing")
 
 
 def test_json_schema_export_forbids_unknown_keys():

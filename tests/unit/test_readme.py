@@ -4,7 +4,7 @@ import os
 import re
 from pathlib import Path
 
-from gpumetrics.nvml import sim
+import nvmlsim as sim
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

@@ -1,15 +1,16 @@
 """Simulated NVML driver beneath the real, unmodified nvidia-ml-py.
 
-Tests and ``gpumetrics serve --simulate`` run the real ``pynvml`` functions; this package
-answers their C-level calls (ctypes structs, return codes, missing symbols) from a scenario.
-The format is documented in ``docs/simulated-driver.md``.
+Programs and their tests run the real ``pynvml`` functions; this package answers their
+C-level calls (ctypes structs, return codes, missing symbols) from a scenario. The scenario
+format, the built-in profiles and the field cases are documented in the distribution's
+``README.md``.
 
 Typical test use::
 
-    from gpumetrics.nvml import sim
+    import nvmlsim
     import pynvml
 
-    with sim.install(sim.load_scenario("h100-sxm")) as drv:
+    with nvmlsim.install(nvmlsim.load_scenario("h100-sxm")) as drv:
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         pynvml.nvmlDeviceGetPowerUsage(handle)      # milliwatts from the scenario
@@ -17,20 +18,23 @@ Typical test use::
         assert drv.call_count("nvmlDeviceGetPowerUsage", 0) == 1
 """
 
-from gpumetrics.nvml.sim.clock import Clock, ManualClock, WallClock
-from gpumetrics.nvml.sim.driver import ANY_DEVICE, SimDriver, Violation
-from gpumetrics.nvml.sim.driver_profiles import DRIVER_PROFILES, DriverProfile
-from gpumetrics.nvml.sim.install import AlreadyInstalledError, install, installed, uninstall
-from gpumetrics.nvml.sim.loader import (
+from nvmlsim.binding import SUPPORTED_NVIDIA_ML_PY, UnsupportedBindingError
+from nvmlsim.clock import Clock, ManualClock, WallClock
+from nvmlsim.driver import ANY_DEVICE, SimDriver, Violation
+from nvmlsim.driver_profiles import DRIVER_PROFILES, DriverProfile
+from nvmlsim.install import AlreadyInstalledError, install, installed, uninstall
+from nvmlsim.loader import (
     DEFAULT_PROFILE,
     ScenarioError,
+    field_case_path,
+    list_field_cases,
     list_profiles,
     load_scenario,
     profile_path,
     scenario_from_data,
     scenario_json_schema,
 )
-from gpumetrics.nvml.sim.model.scenario import Scenario
+from nvmlsim.model.scenario import Scenario
 
 __all__ = [
     "ANY_DEVICE",
@@ -42,11 +46,15 @@ __all__ = [
     "ManualClock",
     "Scenario",
     "ScenarioError",
+    "SUPPORTED_NVIDIA_ML_PY",
     "SimDriver",
+    "UnsupportedBindingError",
     "Violation",
     "WallClock",
     "install",
+    "field_case_path",
     "installed",
+    "list_field_cases",
     "list_profiles",
     "load_scenario",
     "profile_path",

@@ -1,6 +1,6 @@
-"""``python -m gpumetrics.nvml.sim``: see :mod:`gpumetrics.nvml.sim.launcher`."""
+"""``python -m nvmlsim``: see :mod:`nvmlsim.launcher`."""
 
-from gpumetrics.nvml.sim.launcher import main
+from nvmlsim.launcher import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

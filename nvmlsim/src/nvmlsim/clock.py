@@ -6,7 +6,7 @@ manual clock never accumulates floating-point error.
 
 A *cycle* is not a property of the clock: the driver derives it from elapsed time and the
 scenario's ``clock.cycle_seconds`` (cycle 1 starts at install time), see
-:meth:`gpumetrics.nvml.sim.driver.SimDriver.cycle`.
+:meth:`nvmlsim.driver.SimDriver.cycle`.
 """
 
 from __future__ import annotations

@@ -22,14 +22,14 @@ import ctypes
 import time
 from typing import TYPE_CHECKING, Any
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.clock import ManualClock
-from gpumetrics.nvml.sim.events import apply_event
-from gpumetrics.nvml.sim.symbols.base import Call, Symbol
-from gpumetrics.nvml.sim.world import DeviceState, MigState
+from nvmlsim import codes
+from nvmlsim.clock import ManualClock
+from nvmlsim.events import apply_event
+from nvmlsim.symbols.base import Call, Symbol
+from nvmlsim.world import DeviceState, MigState
 
 if TYPE_CHECKING:
-    from gpumetrics.nvml.sim.driver import SimDriver
+    from nvmlsim.driver import SimDriver
 
 __all__ = ["make_callback"]
 

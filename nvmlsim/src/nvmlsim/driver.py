@@ -1,6 +1,6 @@
 """``SimDriver``: the state of one simulated NVML driver and what tests can do with it.
 
-One instance exists per :func:`~gpumetrics.nvml.sim.install.install`; a new install is a new
+One instance exists per :func:`~nvmlsim.install.install`; a new install is a new
 driver (which is how the "process restart" of F12 is simulated). Tests read call counters and
 violations, step the clock, start and end processes, request resets and release hangs.
 """
@@ -14,14 +14,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.clock import Clock, ManualClock
-from gpumetrics.nvml.sim.driver_profiles import driver_profile
-from gpumetrics.nvml.sim.events import EventQueue, apply_event
-from gpumetrics.nvml.sim.faults import FaultEngine, OverrideEngine
-from gpumetrics.nvml.sim.model.devices import Process
-from gpumetrics.nvml.sim.model.scenario import Event, Scenario
-from gpumetrics.nvml.sim.world import DeviceState, MigState, Timeline, World
+from nvmlsim import codes
+from nvmlsim.clock import Clock, ManualClock
+from nvmlsim.driver_profiles import driver_profile
+from nvmlsim.events import EventQueue, apply_event
+from nvmlsim.faults import FaultEngine, OverrideEngine
+from nvmlsim.model.devices import Process
+from nvmlsim.model.scenario import Event, Scenario
+from nvmlsim.world import DeviceState, MigState, Timeline, World
 
 __all__ = ["SimDriver", "Violation", "ANY_DEVICE", "LatencyPolicy"]
 

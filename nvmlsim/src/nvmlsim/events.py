@@ -3,21 +3,35 @@
 Events are applied lazily: every call first applies the events whose time has come, so a
 manual clock needs no background thread. ``apply_event`` is also used by
 ``SimDriver.trigger`` and ``SimDriver.request_reset``.
+
+This module sits below :mod:`nvmlsim.driver`: it changes the driver through the
+:class:`EventTarget` protocol and never imports the driver.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.model.scenario import Event
-from gpumetrics.nvml.sim.model.values import evaluate
-from gpumetrics.nvml.sim.world import DeviceState, Timeline
+from nvmlsim import codes
+from nvmlsim.clock import Clock
+from nvmlsim.model.scenario import Event, Scenario
+from nvmlsim.model.values import evaluate
+from nvmlsim.world import DeviceState, Timeline, World
 
-if TYPE_CHECKING:
-    from gpumetrics.nvml.sim.driver import SimDriver
+__all__ = ["EventQueue", "EventTarget", "apply_event"]
 
-__all__ = ["EventQueue", "apply_event"]
+
+class EventTarget(Protocol):
+    """The driver state an event reads and changes (``SimDriver`` has it)."""
+
+    clock: Clock
+    scenario: Scenario
+    timeline: Timeline
+    world: World
+    #: the code every call answers after ``upgrade_driver`` (None: not upgraded)
+    upgraded_code: int | None
+    #: True after ``revoke_access``: everything answers UNKNOWN
+    revoked: bool
 
 
 class EventQueue:
@@ -47,14 +61,14 @@ class EventQueue:
         return out
 
 
-def _reset_energy(drv: SimDriver, dev: DeviceState, at_us: int) -> None:
+def _reset_energy(drv: EventTarget, dev: DeviceState, at_us: int) -> None:
     if dev.spec.energy_mj is None:
         return
     value = evaluate(dev.spec.energy_mj, drv.timeline.seconds(at_us), drv.timeline.cycle(at_us))
     dev.energy_offset_mj = value
 
 
-def apply_event(drv: SimDriver, event: Event, at_us: int | None = None) -> None:
+def apply_event(drv: EventTarget, event: Event, at_us: int | None = None) -> None:
     """Change the simulated system as ``event`` says (caller holds the driver lock).
 
     ``at_us`` is when the event happened (default: now); events are applied lazily by the

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpumetrics.nvml.sim.model.scenario import Fault, Override
-from gpumetrics.nvml.sim.world import DeviceState, MigState, Timeline
+from nvmlsim.model.scenario import Fault, Override
+from nvmlsim.world import DeviceState, MigState, Timeline
 
 __all__ = ["FaultAction", "FaultEngine", "OverrideEngine", "Active"]
 

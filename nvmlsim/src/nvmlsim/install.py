@@ -1,16 +1,16 @@
 """Putting the simulated driver beneath the real, unmodified nvidia-ml-py.
 
-``install`` resets nvidia-ml-py's module state (``nvmlLib``, ``_nvmlGetFunctionPointer_cache``,
-``_nvmlLib_refcount``) and replaces the ``CDLL`` name its loader uses, so the next
-``nvmlInit()`` runs the binding's own ``_LoadNvmlLibrary`` and receives the simulated library
-object instead of ``libnvidia-ml.so.1`` (or an ``OSError`` for the first
-``driver.load_failures`` attempts, which the binding turns into ``NVMLError_LibraryNotFound``).
-The library object's attributes are ``CFUNCTYPE`` function pointers; a symbol missing from the
-driver profile is a missing attribute. No ``pynvml.nvmlDevice*``/``nvmlSystem*`` function is
-ever replaced.
+``install`` resets nvidia-ml-py's library state and replaces the ``CDLL`` name its loader uses
+(both through :mod:`nvmlsim.binding`, the only module that touches the binding's private
+attributes), so the next ``nvmlInit()`` runs the binding's own ``_LoadNvmlLibrary`` and
+receives the simulated library object instead of ``libnvidia-ml.so.1`` (or an ``OSError`` for
+the first ``driver.load_failures`` attempts, which the binding turns into
+``NVMLError_LibraryNotFound``). The library object's attributes are ``CFUNCTYPE`` function
+pointers; a symbol missing from the driver profile is a missing attribute. No
+``pynvml.nvmlDevice*``/``nvmlSystem*`` function is ever replaced.
 
-The only state lives in nvidia-ml-py's own module attributes: the installed loader is found
-again through ``pynvml.CDLL``.
+The only state lives in nvidia-ml-py's own module: the installed loader is found again as the
+binding's ``CDLL``.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import pynvml
-
-from gpumetrics.nvml.sim.clock import Clock, ManualClock
-from gpumetrics.nvml.sim.dispatch import make_callback
-from gpumetrics.nvml.sim.driver import LatencyPolicy, SimDriver
-from gpumetrics.nvml.sim.loader import load_scenario
-from gpumetrics.nvml.sim.model.scenario import Scenario
-from gpumetrics.nvml.sim.symbols import all_symbols
+from nvmlsim import binding
+from nvmlsim.clock import Clock, ManualClock
+from nvmlsim.dispatch import make_callback
+from nvmlsim.driver import LatencyPolicy, SimDriver
+from nvmlsim.loader import load_scenario
+from nvmlsim.model.scenario import Scenario
+from nvmlsim.symbols import all_symbols
 
 __all__ = ["install", "uninstall", "installed", "SimLibrary", "AlreadyInstalledError"]
 
@@ -50,7 +49,7 @@ class SimLibrary:
 
 
 class _Loader:
-    """Stands in for ``pynvml.CDLL``: hands out the simulated library, or fails N times."""
+    """Stands in for the binding's ``CDLL``: hands out the simulated library, or fails N times."""
 
     def __init__(self, driver: SimDriver, library: SimLibrary, original: Callable[..., Any]):
         self.driver = driver
@@ -74,16 +73,9 @@ class _Loader:
         return self.library
 
 
-def _reset_pynvml() -> None:
-    with pynvml.libLoadLock:
-        pynvml.nvmlLib = None
-        pynvml._nvmlGetFunctionPointer_cache.clear()
-        pynvml._nvmlLib_refcount = 0
-
-
 def installed() -> SimDriver | None:
     """Return the currently installed simulated driver, or None."""
-    loader = pynvml.CDLL
+    loader = binding.loader()
     return loader.driver if isinstance(loader, _Loader) else None
 
 
@@ -112,8 +104,11 @@ def install(
 
     Raises:
         ScenarioError: the scenario is invalid. AlreadyInstalledError: one is installed.
+        UnsupportedBindingError: the installed nvidia-ml-py keeps its library state elsewhere
+            (:mod:`nvmlsim.binding`); nothing was changed.
 
     """
+    binding.check_binding()
     scn = load_scenario(scenario)
     if installed() is not None:
         raise AlreadyInstalledError(
@@ -128,8 +123,8 @@ def install(
     )
     functions = {s.name: make_callback(drv, s) for s in all_symbols() if s.name in drv.symbols}
     library = SimLibrary(functions)
-    _reset_pynvml()
-    pynvml.CDLL = _Loader(drv, library, pynvml.CDLL)
+    binding.reset_module_state()
+    binding.set_loader(_Loader(drv, library, binding.loader()))
     drv.uninstaller = _uninstall_driver
     return drv
 
@@ -148,10 +143,10 @@ def uninstall() -> SimDriver | None:
     UNINITIALIZED. Returns the removed driver (its counters stay readable), or None if no
     simulated driver was installed (then nothing is touched).
     """
-    loader = pynvml.CDLL
+    loader = binding.loader()
     if not isinstance(loader, _Loader):
         return None
     loader.driver.close()
-    pynvml.CDLL = loader.original
-    _reset_pynvml()
+    binding.set_loader(loader.original)
+    binding.reset_module_state()
     return loader.driver

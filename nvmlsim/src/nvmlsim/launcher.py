@@ -1,4 +1,4 @@
-"""``python -m gpumetrics.nvml.sim``: run any Python program on the simulated driver.
+"""``python -m nvmlsim``: run any Python program on the simulated driver.
 
 Subcommands:
 
@@ -8,8 +8,9 @@ Subcommands:
     ``.py`` file, with ``sys.argv = [TARGET, *ARGS]``. Its exit status is returned. With
     ``--stats-json`` the driver's call counts and time spent in the simulated functions are
     written there when the program ends (also on SIGTERM/SIGINT), for benchmarks.
-``list``
-    The built-in profiles, one per line with their description.
+``list [--field-cases]``
+    The built-in profiles, one per line with their description; with ``--field-cases`` the
+    names of the field-case scenarios (F01-F26) instead.
 ``validate FILE_OR_PROFILE...``
     Load each scenario; print ``ok`` or every problem by field path; exit 1 on any error.
 ``schema``
@@ -28,12 +29,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gpumetrics.nvml.sim.clock import ManualClock, WallClock
-from gpumetrics.nvml.sim.driver import SimDriver
-from gpumetrics.nvml.sim.install import install, uninstall
-from gpumetrics.nvml.sim.loader import (
+from nvmlsim.clock import ManualClock, WallClock
+from nvmlsim.driver import SimDriver
+from nvmlsim.install import install, uninstall
+from nvmlsim.loader import (
     DEFAULT_PROFILE,
     ScenarioError,
+    list_field_cases,
     list_profiles,
     load_scenario,
     scenario_json_schema,
@@ -41,7 +43,7 @@ from gpumetrics.nvml.sim.loader import (
 
 __all__ = ["main", "run_target"]
 
-PROG = "python -m gpumetrics.nvml.sim"
+PROG = "python -m nvmlsim"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,7 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("target", help="console script, module or .py file to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
-    sub.add_parser("list", help="list the built-in profiles")
+    listing = sub.add_parser("list", help="list the built-in profiles")
+    listing.add_argument(
+        "--field-cases", action="store_true", help="list the field-case scenarios instead"
+    )
     check = sub.add_parser("validate", help="check scenario files or profiles")
     check.add_argument("scenarios", nargs="+", metavar="FILE_OR_PROFILE")
     sub.add_parser("schema", help="print the JSON Schema of scenario files")
@@ -140,7 +145,7 @@ def _exec(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m gpumetrics.nvml.sim``; returns the exit status."""
+    """Entry point of ``python -m nvmlsim``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["exec"] and "--" in argv:  # everything after "--" belongs to the target
         cut = argv.index("--")
@@ -150,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.command == "exec":
             return _exec(ns)
         if ns.command == "list":
+            if ns.field_cases:
+                print("\n".join(list_field_cases()))
+                return 0
             for name in list_profiles():
                 print(f"{name}\t{load_scenario(name).description}")
             return 0

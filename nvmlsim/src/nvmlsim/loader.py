@@ -1,4 +1,4 @@
-"""Loading scenarios from YAML files, built-in profiles or Python data.
+"""Loading scenarios from YAML files, built-in profiles, field cases or Python data.
 
 Every problem is reported as a :class:`ScenarioError` whose message lists each offending
 field by path (``devices[1].processes[0].pid: ...``), so a broken file fails fast at load.
@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gpumetrics.nvml.sim.model.checks import check_scenario
-from gpumetrics.nvml.sim.model.scenario import Scenario
+from nvmlsim.model.checks import check_scenario
+from nvmlsim.model.scenario import Scenario
 
 __all__ = [
     "ScenarioError",
@@ -26,14 +26,17 @@ __all__ = [
     "scenario_from_data",
     "list_profiles",
     "profile_path",
+    "list_field_cases",
+    "field_case_path",
     "scenario_json_schema",
     "DEFAULT_PROFILE",
 ]
 
-#: The profile ``gpumetrics serve --simulate`` uses without an argument.
+#: The profile a program uses when asked for "the default" (an 8-GPU H100 training node).
 DEFAULT_PROFILE = "h100-8x-training"
 
-_PROFILE_PACKAGE = "gpumetrics.nvml.sim.profiles"
+_PROFILE_PACKAGE = "nvmlsim.profiles"
+_FIELD_CASE_PACKAGE = "nvmlsim.fieldcases"
 # Segments pydantic inserts into error locations for union members and validators.
 _TAG = re.compile(
     r"^(int|float|str|bool|bytes|none|constrained-.*|literal\[.*\]|function-.*|"
@@ -138,28 +141,64 @@ def scenario_from_data(data: Any, source: str = "<data>") -> Scenario:
     return scn
 
 
-def _profile_dir() -> Any:
-    return resources.files(_PROFILE_PACKAGE)
+def _names(package: str) -> list[str]:
+    return sorted(
+        entry.name.removesuffix(".yaml")
+        for entry in resources.files(package).iterdir()
+        if entry.name.endswith(".yaml")
+    )
+
+
+def _data_path(package: str, name: str) -> Path | None:
+    entry = resources.files(package) / f"{name}.yaml"
+    return Path(str(entry)) if entry.is_file() else None
 
 
 def list_profiles() -> list[str]:
-    """Names of the built-in profiles (YAML files shipped in ``sim/profiles/``), sorted."""
-    return sorted(
-        entry.name.removesuffix(".yaml")
-        for entry in _profile_dir().iterdir()
-        if entry.name.endswith(".yaml")
+    """Names of the built-in profiles (YAML files shipped in ``nvmlsim/profiles/``), sorted."""
+    return _names(_PROFILE_PACKAGE)
+
+
+def list_field_cases() -> list[str]:
+    """Names of the field-case scenarios (``nvmlsim/fieldcases/F01_...yaml``), sorted.
+
+    Each stages one failure real drivers and bindings show (F01-F26, listed in the README).
+    """
+    return _names(_FIELD_CASE_PACKAGE)
+
+
+def _unknown(name: str) -> ScenarioError:
+    return ScenarioError(
+        name,
+        [
+            (
+                "",
+                f"no such profile, field case or file; built-in profiles: "
+                f"{', '.join(list_profiles())}; field cases: python -m nvmlsim list",
+            )
+        ],
     )
 
 
 def profile_path(name: str) -> Path:
     """Filesystem path of built-in profile ``name``; raises ScenarioError if unknown."""
-    entry = _profile_dir() / f"{name}.yaml"
-    if not entry.is_file():
-        raise ScenarioError(
-            name,
-            [("", f"no such profile or file; built-in profiles: {', '.join(list_profiles())}")],
-        )
-    return Path(str(entry))
+    path = _data_path(_PROFILE_PACKAGE, name)
+    if path is None:
+        raise _unknown(name)
+    return path
+
+
+def field_case_path(name: str) -> Path:
+    """Filesystem path of field-case scenario ``name`` (a file stem such as ``F16_pid_reuse``).
+
+    Raises:
+        ScenarioError: no field case of that name.
+
+    """
+    path = _data_path(_FIELD_CASE_PACKAGE, name)
+    if path is None:
+        raise _unknown(name)
+    return path
 
 
 def _read_yaml(path: Path, source: str) -> Any:
@@ -176,13 +215,14 @@ def _read_yaml(path: Path, source: str) -> Any:
 
 
 def load_scenario(source: str | os.PathLike[str] | Scenario) -> Scenario:
-    """Load a scenario from a YAML file path or a built-in profile name.
+    """Load a scenario from a YAML file path, a built-in profile or a field-case name.
 
     A string without a path separator or ``.yaml``/``.yml`` suffix that is not an existing
-    file is looked up among :func:`list_profiles`. A :class:`Scenario` is returned as is.
+    file is looked up among :func:`list_profiles`, then :func:`list_field_cases`. A
+    :class:`Scenario` is returned as is.
 
     Raises:
-        ScenarioError: unreadable file, invalid YAML, unknown profile, or invalid content
+        ScenarioError: unreadable file, invalid YAML, unknown name, or invalid content
             (each offending field named by path).
 
     """
@@ -194,7 +234,10 @@ def load_scenario(source: str | os.PathLike[str] | Scenario) -> Scenario:
         os.sep not in text and "/" not in text and path.suffix not in (".yaml", ".yml")
     )
     if looks_like_name and not path.is_file():
-        path = profile_path(text)
+        found = _data_path(_PROFILE_PACKAGE, text) or _data_path(_FIELD_CASE_PACKAGE, text)
+        if found is None:
+            raise _unknown(text)
+        path = found
     return scenario_from_data(_read_yaml(path, text), source=text)
 
 
@@ -202,5 +245,5 @@ def scenario_json_schema() -> str:
     """Return the JSON Schema (2020-12, from the pydantic model) of scenario files, as JSON."""
     schema = Scenario.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "gpumetrics simulated NVML scenario"
+    schema["title"] = "nvmlsim scenario (simulated NVML driver)"
     return json.dumps(schema, indent=2, sort_keys=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import struct
 
-from gpumetrics.nvml.sim import codes
+from nvmlsim import codes
 
 __all__ = [
     "put_u16",

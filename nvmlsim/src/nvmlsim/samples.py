@@ -12,13 +12,13 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, NamedTuple
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.model.devices import SAMPLING_TYPES, ProcessUtilizationSpec, SampleBuffer
-from gpumetrics.nvml.sim.model.values import Dyn, evaluate
-from gpumetrics.nvml.sim.world import DeviceState, MigState
+from nvmlsim import codes
+from nvmlsim.model.devices import SAMPLING_TYPES, ProcessUtilizationSpec, SampleBuffer
+from nvmlsim.model.values import Dyn, evaluate
+from nvmlsim.world import DeviceState, MigState
 
 if TYPE_CHECKING:
-    from gpumetrics.nvml.sim.driver import SimDriver
+    from nvmlsim.driver import SimDriver
 
 __all__ = ["device_samples", "encode_value", "process_samples", "ProcSample"]
 

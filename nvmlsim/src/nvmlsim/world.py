@@ -1,7 +1,7 @@
 """The simulated system at run time: devices, MIG instances, processes and their lifetimes.
 
-Built once from a :class:`~gpumetrics.nvml.sim.model.scenario.Scenario` at install and then
-changed only by events, :class:`~gpumetrics.nvml.sim.driver.SimDriver` test helpers and the
+Built once from a :class:`~nvmlsim.model.scenario.Scenario` at install and then
+changed only by events, :class:`~nvmlsim.driver.SimDriver` test helpers and the
 passing of time. All access happens under the driver's lock.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gpumetrics.nvml.sim.handles import HandleTable
-from gpumetrics.nvml.sim.model.devices import (
+from nvmlsim.handles import HandleTable
+from nvmlsim.model.devices import (
     U32,
     Device,
     MigInstance,
@@ -21,8 +21,8 @@ from gpumetrics.nvml.sim.model.devices import (
     ProcessSet,
     ProcessUtilization,
 )
-from gpumetrics.nvml.sim.model.scenario import Scenario
-from gpumetrics.nvml.sim.model.values import Dyn, Window
+from nvmlsim.model.scenario import Scenario
+from nvmlsim.model.values import Dyn, Window
 
 __all__ = ["Timeline", "ProcState", "MigState", "DeviceState", "World", "NEVER", "ALWAYS"]
 

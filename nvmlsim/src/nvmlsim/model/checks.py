@@ -10,11 +10,11 @@ import difflib
 import math
 from collections.abc import Iterator
 
-from gpumetrics.nvml.sim.driver_profiles import ALL_SYMBOLS, DRIVER_PROFILES
-from gpumetrics.nvml.sim.fields import OVERRIDE_FIELDS
-from gpumetrics.nvml.sim.model.devices import U32, U64, Device, Memory, Process, ProcessSet
-from gpumetrics.nvml.sim.model.scenario import Scenario
-from gpumetrics.nvml.sim.model.values import Dyn, bounds
+from nvmlsim.driver_profiles import ALL_SYMBOLS, DRIVER_PROFILES
+from nvmlsim.fields import OVERRIDE_FIELDS
+from nvmlsim.model.devices import U32, U64, Device, Memory, Process, ProcessSet
+from nvmlsim.model.scenario import Scenario
+from nvmlsim.model.values import Dyn, bounds
 
 __all__ = ["check_scenario"]
 

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from gpumetrics.nvml.sim.model.values import Code, Dyn, RawBytes, Strict, ValueType, Window
+from nvmlsim.model.values import Code, Dyn, RawBytes, Strict, ValueType, Window
 
 __all__ = [
     "Memory",

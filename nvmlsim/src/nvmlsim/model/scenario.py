@@ -1,7 +1,7 @@
 """The top level of a scenario file: clock, driver, devices, faults, overrides and events.
 
-See ``docs/simulated-driver.md`` for the format reference and examples. Every model rejects
-unknown keys; :func:`gpumetrics.nvml.sim.loader.load_scenario` reports errors with the path of
+See the distribution's ``README.md`` for the format reference and examples. Every model rejects
+unknown keys; :func:`nvmlsim.loader.load_scenario` reports errors with the path of
 the offending field (``devices[1].processes[0].pid: ...``).
 """
 
@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from gpumetrics.nvml.sim.clock import DEFAULT_START_UNIX
-from gpumetrics.nvml.sim.model.devices import Device, MigInstance
-from gpumetrics.nvml.sim.model.values import Code, RawBytes, Strict, Window
+from nvmlsim.clock import DEFAULT_START_UNIX
+from nvmlsim.model.devices import Device, MigInstance
+from nvmlsim.model.values import Code, RawBytes, Strict, Window
 
 __all__ = ["ClockSpec", "DriverSpec", "Fault", "Override", "Event", "Scenario", "EVENT_ACTIONS"]
 

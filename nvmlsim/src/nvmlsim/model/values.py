@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from gpumetrics.nvml.sim.codes import parse_code
+from nvmlsim.codes import parse_code
 
 __all__ = [
     "Code",

@@ -1,12 +1,12 @@
 """The simulated NVML C symbols, grouped by concern (one module each).
 
-``all_symbols()`` returns every :class:`~gpumetrics.nvml.sim.symbols.base.Symbol`; a driver
+``all_symbols()`` returns every :class:`~nvmlsim.symbols.base.Symbol`; a driver
 profile decides which of them the simulated library exports.
 """
 
 from __future__ import annotations
 
-from gpumetrics.nvml.sim.symbols import (
+from nvmlsim.symbols import (
     fieldvalues,
     identity,
     memory,
@@ -18,7 +18,7 @@ from gpumetrics.nvml.sim.symbols import (
     system,
     utilization,
 )
-from gpumetrics.nvml.sim.symbols.base import Symbol
+from nvmlsim.symbols.base import Symbol
 
 __all__ = ["all_symbols", "Symbol"]
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.faults import pick
-from gpumetrics.nvml.sim.model.values import evaluate
+from nvmlsim import codes
+from nvmlsim.faults import pick
+from nvmlsim.model.values import evaluate
 
 __all__ = ["Symbol", "Call", "Handler", "P", "U32", "I32", "U64", "null_at", "reading"]
 

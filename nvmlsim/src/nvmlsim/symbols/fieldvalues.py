@@ -10,15 +10,15 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.memio import view
-from gpumetrics.nvml.sim.model.values import evaluate
-from gpumetrics.nvml.sim.samples import encode_value
-from gpumetrics.nvml.sim.symbols.base import I32, Call, P, Symbol
-from gpumetrics.nvml.sim.world import DeviceState
+from nvmlsim import codes
+from nvmlsim.memio import view
+from nvmlsim.model.values import evaluate
+from nvmlsim.samples import encode_value
+from nvmlsim.symbols.base import I32, Call, P, Symbol
+from nvmlsim.world import DeviceState
 
 if TYPE_CHECKING:
-    from gpumetrics.nvml.sim.driver import SimDriver
+    from nvmlsim.driver import SimDriver
 
 __all__ = ["SYMBOLS", "FIELD_VALUE"]
 

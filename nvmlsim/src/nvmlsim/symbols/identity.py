@@ -10,14 +10,14 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.faults import pick
-from gpumetrics.nvml.sim.memio import put_string, put_u32, view
-from gpumetrics.nvml.sim.symbols.base import U32, Call, Handler, P, Symbol
-from gpumetrics.nvml.sim.world import DeviceState, MigState
+from nvmlsim import codes
+from nvmlsim.faults import pick
+from nvmlsim.memio import put_string, put_u32, view
+from nvmlsim.symbols.base import U32, Call, Handler, P, Symbol
+from nvmlsim.world import DeviceState, MigState
 
 if TYPE_CHECKING:
-    from gpumetrics.nvml.sim.driver import SimDriver
+    from nvmlsim.driver import SimDriver
 
 __all__ = ["SYMBOLS", "PCI_INFO", "pci_fields"]
 

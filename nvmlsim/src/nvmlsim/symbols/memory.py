@@ -12,16 +12,16 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.faults import pick
-from gpumetrics.nvml.sim.memio import get_u32, view
-from gpumetrics.nvml.sim.model.devices import Memory
-from gpumetrics.nvml.sim.model.values import evaluate
-from gpumetrics.nvml.sim.symbols.base import Call, P, Symbol
-from gpumetrics.nvml.sim.world import DeviceState, MigState
+from nvmlsim import codes
+from nvmlsim.faults import pick
+from nvmlsim.memio import get_u32, view
+from nvmlsim.model.devices import Memory
+from nvmlsim.model.values import evaluate
+from nvmlsim.symbols.base import Call, P, Symbol
+from nvmlsim.world import DeviceState, MigState
 
 if TYPE_CHECKING:
-    from gpumetrics.nvml.sim.driver import SimDriver
+    from nvmlsim.driver import SimDriver
 
 __all__ = ["SYMBOLS", "MEMORY_V1", "MEMORY_V2", "MEMORY_V2_VERSION", "CONF_COMPUTE"]
 

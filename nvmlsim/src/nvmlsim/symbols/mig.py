@@ -1,6 +1,6 @@
 """MIG: mode, slots, MIG device handles and their GPU/compute instance ids (``nvml.md`` §1.8).
 
-Behaviour for the unverified corners (documented in ``docs/simulated-driver.md``):
+Behaviour for the unverified corners (documented in the README, "MIG"):
 ``GetMaxMigDeviceCount`` answers 0 when MIG is unsupported or disabled; ``GetMigDeviceHandle
 ByIndex`` answers NOT_SUPPORTED without MIG, INVALID_ARGUMENT for an index >= the maximum and
 NOT_FOUND for an empty slot; the instance-id calls answer NOT_SUPPORTED for a GPU handle and
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.faults import pick
-from gpumetrics.nvml.sim.memio import put_pointer, put_u32
-from gpumetrics.nvml.sim.symbols.base import U32, Call, Handler, P, Symbol
-from gpumetrics.nvml.sim.world import DeviceState, MigState
+from nvmlsim import codes
+from nvmlsim.faults import pick
+from nvmlsim.memio import put_pointer, put_u32
+from nvmlsim.symbols.base import U32, Call, Handler, P, Symbol
+from nvmlsim.world import DeviceState, MigState
 
 if TYPE_CHECKING:
-    from gpumetrics.nvml.sim.driver import SimDriver
+    from nvmlsim.driver import SimDriver
 
 __all__ = ["SYMBOLS"]
 

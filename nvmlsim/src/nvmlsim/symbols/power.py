@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpumetrics.nvml.sim.memio import put_u32, put_u64
-from gpumetrics.nvml.sim.model.values import Dyn, evaluate
-from gpumetrics.nvml.sim.symbols.base import Call, P, Symbol, reading
-from gpumetrics.nvml.sim.world import DeviceState
+from nvmlsim.memio import put_u32, put_u64
+from nvmlsim.model.values import Dyn, evaluate
+from nvmlsim.symbols.base import Call, P, Symbol, reading
+from nvmlsim.world import DeviceState
 
 __all__ = ["SYMBOLS"]
 

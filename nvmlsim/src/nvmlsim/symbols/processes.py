@@ -16,9 +16,9 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.faults import pick
-from gpumetrics.nvml.sim.memio import (
+from nvmlsim import codes
+from nvmlsim.faults import pick
+from nvmlsim.memio import (
     NOT_AVAILABLE_U64,
     RECORD_DETAIL,
     RECORD_V1,
@@ -29,12 +29,12 @@ from gpumetrics.nvml.sim.memio import (
     put_u32,
     view,
 )
-from gpumetrics.nvml.sim.model.values import evaluate
-from gpumetrics.nvml.sim.symbols.base import Call, Handler, P, Symbol, null_at
-from gpumetrics.nvml.sim.world import DeviceState, MigState, ProcState
+from nvmlsim.model.values import evaluate
+from nvmlsim.symbols.base import Call, Handler, P, Symbol, null_at
+from nvmlsim.world import DeviceState, MigState, ProcState
 
 if TYPE_CHECKING:
-    from gpumetrics.nvml.sim.driver import SimDriver
+    from nvmlsim.driver import SimDriver
 
 __all__ = ["SYMBOLS", "DETAIL_LIST", "DETAIL_LIST_VERSION"]
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.faults import Active, pick
-from gpumetrics.nvml.sim.memio import (
+from nvmlsim import codes
+from nvmlsim.faults import Active, pick
+from nvmlsim.memio import (
     PROC_UTIL_INFO,
     PROC_UTIL_SAMPLE,
     get_pointer,
@@ -23,13 +23,13 @@ from gpumetrics.nvml.sim.memio import (
     put_u32,
     view,
 )
-from gpumetrics.nvml.sim.model.devices import ProcessUtilizationSpec
-from gpumetrics.nvml.sim.samples import ProcSample, process_samples
-from gpumetrics.nvml.sim.symbols.base import U64, Call, P, Symbol, null_at
-from gpumetrics.nvml.sim.world import DeviceState, MigState
+from nvmlsim.model.devices import ProcessUtilizationSpec
+from nvmlsim.samples import ProcSample, process_samples
+from nvmlsim.symbols.base import U64, Call, P, Symbol, null_at
+from nvmlsim.world import DeviceState, MigState
 
 if TYPE_CHECKING:
-    from gpumetrics.nvml.sim.driver import SimDriver
+    from nvmlsim.driver import SimDriver
 
 __all__ = ["SYMBOLS", "UTIL_INFO", "UTIL_INFO_VERSION"]
 

@@ -12,15 +12,15 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.faults import pick
-from gpumetrics.nvml.sim.memio import get_u32, put_i32, put_u32, put_u64
-from gpumetrics.nvml.sim.model.values import Dyn, evaluate
-from gpumetrics.nvml.sim.symbols.base import U32, Call, Handler, P, Symbol, reading
-from gpumetrics.nvml.sim.world import DeviceState
+from nvmlsim import codes
+from nvmlsim.faults import pick
+from nvmlsim.memio import get_u32, put_i32, put_u32, put_u64
+from nvmlsim.model.values import Dyn, evaluate
+from nvmlsim.symbols.base import U32, Call, Handler, P, Symbol, reading
+from nvmlsim.world import DeviceState
 
 if TYPE_CHECKING:
-    from gpumetrics.nvml.sim.driver import SimDriver
+    from nvmlsim.driver import SimDriver
 
 __all__ = ["SYMBOLS", "TEMPERATURE_V1", "TEMPERATURE_V1_VERSION"]
 

@@ -10,14 +10,14 @@ import ctypes
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.faults import pick
-from gpumetrics.nvml.sim.memio import put_i32, put_pointer, put_string, put_u32
-from gpumetrics.nvml.sim.symbols.base import I32, U32, Call, P, Symbol
-from gpumetrics.nvml.sim.world import DeviceState, MigState
+from nvmlsim import codes
+from nvmlsim.faults import pick
+from nvmlsim.memio import put_i32, put_pointer, put_string, put_u32
+from nvmlsim.symbols.base import I32, U32, Call, P, Symbol
+from nvmlsim.world import DeviceState, MigState
 
 if TYPE_CHECKING:
-    from gpumetrics.nvml.sim.driver import SimDriver
+    from nvmlsim.driver import SimDriver
 
 __all__ = ["SYMBOLS", "lookup_process_name"]
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from gpumetrics.nvml.sim import codes
-from gpumetrics.nvml.sim.faults import pick
-from gpumetrics.nvml.sim.memio import SAMPLE_TS, get_u32, put_u32, view
-from gpumetrics.nvml.sim.model.values import evaluate
-from gpumetrics.nvml.sim.samples import device_samples, encode_value
-from gpumetrics.nvml.sim.symbols.base import U32, U64, Call, Handler, P, Symbol, null_at
-from gpumetrics.nvml.sim.world import DeviceState, MigState
+from nvmlsim import codes
+from nvmlsim.faults import pick
+from nvmlsim.memio import SAMPLE_TS, get_u32, put_u32, view
+from nvmlsim.model.values import evaluate
+from nvmlsim.samples import device_samples, encode_value
+from nvmlsim.symbols.base import U32, U64, Call, Handler, P, Symbol, null_at
+from nvmlsim.world import DeviceState, MigState
 
 if TYPE_CHECKING:
-    from gpumetrics.nvml.sim.driver import SimDriver
+    from nvmlsim.driver import SimDriver
 
 __all__ = ["SYMBOLS", "UTILIZATION"]
 
