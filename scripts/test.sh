@@ -8,7 +8,8 @@
 #   2b. the same NVML-facing suites (the simulator's, tests/nvml) against the OLDEST supported
 #      nvidia-ml-py; the simulator's in a small venv of their own without gpumetrics, which
 #      also proves it stands alone (stage 2 ran them against the newest);
-#   3. the Go receiver: collector/scripts/test.sh (gofmt, hadolint, go vet, go test);
+#   3. the Go receiver: collector/scripts/test.sh (gofmt, hadolint, go vet, go test); then the
+#      relabel test vectors computed by Prometheus' own model/relabel (tests/relabeloracle);
 #   4. static validation of docker-compose.yaml, the Dockerfiles and collector-config/
 #      (scripts/validate-compose.sh);
 #   5. the end-to-end tests (pytest -m e2e): builds the otelcol-gpumetrics distribution with the
@@ -71,6 +72,11 @@ PYTHONPATH="$oldest" run_pytest tests/nvml
 
 stage "go receiver"
 PYTHON="$VENV/bin/python" HADOLINT="$VENV/bin/hadolint" ./collector/scripts/test.sh
+
+stage "relabel vectors against Prometheus' model/relabel (tests/relabeloracle, Go)"
+unformatted=$(gofmt -l tests/relabeloracle)
+[ -z "$unformatted" ] || { echo "gofmt: $unformatted" >&2; exit 1; }
+(cd tests/relabeloracle && go vet ./... && go test -count=1 ./...)
 
 stage "compose and configuration (static)"
 ./scripts/validate-compose.sh
