@@ -54,3 +54,17 @@ def test_rich_example(simulate, tmp_path: Path):
     assert pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(1)).startswith("GPU-aaaa")
     assert drv.violations == []
     assert sim.installed() is drv
+
+
+def test_readme_links_stay_inside_the_distribution():
+    # nvmlsim is published on its own: its README may link to its own files and to URLs only.
+    root = DOC.parent.resolve()
+    checked = 0
+    for target in re.findall(r"\]\(([^)\s]+)\)", DOC.read_text(encoding="utf-8")):
+        path = target.partition("#")[0]
+        if re.match(r"^[a-z]+:", target) or not path:
+            continue
+        resolved = (root / path).resolve()
+        assert root in resolved.parents and resolved.exists(), target
+        checked += 1
+    assert checked >= 2

@@ -1,4 +1,4 @@
-"""Each field case F01-F26 (shared/reference/nvml-field-cases.md): its scenario file loads and
+"""Each field case F01-F26 (README, "Field-case scenarios"): its scenario file loads and
 produces the case's trigger through the real nvidia-ml-py functions."""
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ class ManualClock:
 
 
 class WallClock:
-    """The real clock (``time.time``); used by ``gpumetrics serve --simulate`` demos."""
+    """The real clock (``time.time``): values move with real time, for demos and launchers."""
 
     manual = False
 

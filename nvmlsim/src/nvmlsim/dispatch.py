@@ -1,6 +1,7 @@
 """The path of every simulated call: from a ctypes callback to a handler and back.
 
-Order of checks, as the real library behaves (``shared/reference/nvml.md`` §1.1, §1.2):
+Order of checks, as the real library behaves (NVML API reference: initialisation and error
+codes; nvidia-ml-py's ``pynvml.py`` for how each code surfaces):
 
 1. after ``uninstall``: UNINITIALIZED; due scenario events are applied;
 2. the call is counted per (symbol, device index);

@@ -1,9 +1,10 @@
 """Named driver profiles: which NVML C symbols a driver branch exports, and its quirks.
 
-The symbol history comes from ``shared/reference/nvml.md`` §1.3 (process calls, after nvitop
-PR #89/#94 and gpustat's notes), §1.6 (``nvmlDeviceGetProcessesUtilizationInfo`` from ~R550),
-§1.7 (``nvmlDeviceGetMemoryInfo_v2`` from ~R510), §1.11 (``…ClocksEventReasons`` from R535) and
-§1.13 (``nvmlDeviceGetTemperatureV`` from ~R570), plus the field cases F01–F06.
+The symbol history (NVML API reference, https://docs.nvidia.com/deploy/nvml-api/, and the
+drivers' ``nvml.h``): the process calls' ``_v2``/``_v3`` versions (after nvitop PRs #89/#94 and
+gpustat's notes), ``nvmlDeviceGetProcessesUtilizationInfo`` from ~R550,
+``nvmlDeviceGetMemoryInfo_v2`` from ~R510, ``…ClocksEventReasons`` from R535 and
+``nvmlDeviceGetTemperatureV`` from ~R570, plus the field cases F01–F06 (README).
 
 A symbol missing from a profile is *absent from the simulated library object*, so
 nvidia-ml-py's ``getattr`` fails and it raises ``NVMLError_FunctionNotFound`` (or

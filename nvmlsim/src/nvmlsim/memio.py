@@ -37,7 +37,7 @@ __all__ = [
 NOT_AVAILABLE_U64 = 0xFFFFFFFFFFFFFFFF
 
 # Process records: pid u32 (+4 pad), usedGpuMemory u64, [gpuInstanceId u32, computeInstanceId
-# u32, [usedGpuCcProtectedMemory u64]] -- 16, 24 and 32 bytes (nvml.md §1.3).
+# u32, [usedGpuCcProtectedMemory u64]] -- 16, 24 and 32 bytes (nvml.h nvmlProcessInfo_v1/_v2/_t).
 RECORD_V1 = struct.Struct("<I4xQ")
 RECORD_V2 = struct.Struct("<I4xQII")
 RECORD_V3_32 = struct.Struct("<I4xQIIQ")
@@ -94,7 +94,7 @@ def put_string(addr: int | None, length: int, value: bytes, truncate: bool = Fal
     """Copy ``value`` plus a NUL into the caller's ``length``-byte buffer at ``addr``.
 
     Returns ``SUCCESS``, ``INVALID_ARGUMENT`` for a NULL buffer, or ``INSUFFICIENT_SIZE`` when
-    it does not fit (unless ``truncate``, as ``nvmlSystemGetProcessName`` does, nvml.md §1.9).
+    it does not fit (unless ``truncate``, as ``nvmlSystemGetProcessName`` does).
     """
     if not addr:
         return codes.INVALID_ARGUMENT

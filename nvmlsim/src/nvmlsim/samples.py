@@ -1,6 +1,7 @@
 """The sample engine behind ``nvmlDeviceGetSamples`` and per-process utilisation.
 
-These are the driver's ring buffers (``nvml.md`` §1.4, §1.6).
+These are the driver's ring buffers (NVML API reference, ``nvmlDeviceGetSamples`` and
+``nvmlDeviceGetProcessUtilization``).
 
 Timestamps are µs in the sample clock (Unix epoch, or since boot with
 ``driver.sample_clock: boot``); callers must treat them as an opaque cursor. Only samples

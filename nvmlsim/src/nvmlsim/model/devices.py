@@ -1,8 +1,8 @@
 """Scenario models for devices, their processes, sample buffers and MIG instances.
 
 Convention: a reading that is omitted (or ``null``) makes the matching NVML call return
-``NOT_SUPPORTED``, as on hardware that lacks the capability (``shared/reference/nvml.md``
-§1.15). Units are NVML's: bytes, mW, mJ, °C, MHz, KB/s, percent, µs.
+``NOT_SUPPORTED``, as on hardware that lacks the capability (the NVML API reference lists
+NOT_SUPPORTED for each such call). Units are NVML's: bytes, mW, mJ, °C, MHz, KB/s, percent, µs.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class Memory(Strict):
     """Framebuffer memory in bytes.
 
     v1 reports ``used = used_bytes + reserved_bytes``; v2
-    reports ``used = used_bytes`` and ``reserved`` separately (``nvml.md`` §1.7).
+    reports ``used = used_bytes`` and ``reserved`` separately (NVML API reference,
+    ``nvmlMemory_v2_t``).
     """
 
     total_bytes: int = Field(ge=0, le=U64)
@@ -153,7 +154,7 @@ class Samples(Strict):
 
 
 class ProcessUtilizationSpec(Strict):
-    """How the device answers the per-process utilisation calls (``nvml.md`` §1.6).
+    """How the device answers the per-process utilisation calls.
 
     Each process with a non-zero utilisation has one sample per ``period_us`` (aligned to
     the sample clock plus the process's ``sample_phase_us``); the newest sample newer than
@@ -262,8 +263,9 @@ class Mig(Strict):
     """MIG state.
 
     With ``current: enabled`` the utilisation calls answer NOT_SUPPORTED and
-    parent memory/process queries need ``privileged: true`` (else NO_PERMISSION), ``nvml.md``
-    §1.8. Slots below ``max_devices`` without an instance are empty (NOT_FOUND).
+    parent memory/process queries need ``privileged: true`` (else NO_PERMISSION), as the NVML
+    API reference's MIG notes say. Slots below ``max_devices`` without an instance are empty
+    (NOT_FOUND).
     """
 
     current: Literal["enabled", "disabled"] = "disabled"

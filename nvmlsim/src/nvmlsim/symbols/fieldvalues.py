@@ -2,7 +2,7 @@
 
 The call itself succeeds; every requested field answers its own ``nvmlReturn``: SUCCESS with
 the scenario's ``field_values`` entry (matching the scope id if the entry names one), or
-NOT_SUPPORTED for fields the device does not report (``nvml.md`` §1.10 power scopes).
+NOT_SUPPORTED for fields the device does not report (``NVML_FI_DEV_POWER_*`` with scope ids).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Memory (v1 and v2 views) and confidential-computing memory sizes (``nvml.md`` §1.7).
+"""Memory (v1 and v2 views) and confidential-computing memory sizes.
 
 v1 (``nvmlDeviceGetMemoryInfo``): total, free, used, where used includes reserved.
 v2 (``nvmlDeviceGetMemoryInfo_v2``): the caller's ``version`` word must be

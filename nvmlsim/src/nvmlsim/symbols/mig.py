@@ -1,4 +1,4 @@
-"""MIG: mode, slots, MIG device handles and their GPU/compute instance ids (``nvml.md`` §1.8).
+"""MIG: mode, slots, MIG device handles and their GPU/compute instance ids.
 
 Behaviour for the unverified corners (documented in the README, "MIG"):
 ``GetMaxMigDeviceCount`` answers 0 when MIG is unsupported or disabled; ``GetMigDeviceHandle

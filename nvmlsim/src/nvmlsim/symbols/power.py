@@ -1,4 +1,4 @@
-"""Power (mW), power limits (mW) and the energy counter (mJ) (``nvml.md`` §1.10).
+"""Power (mW), power limits (mW) and the energy counter (mJ).
 
 The energy counter is the scenario's ``energy_mj`` minus what it was at the last reset
 (``restore_gpu``/``reset_energy`` events, ``request_reset``), so it restarts from 0 like a

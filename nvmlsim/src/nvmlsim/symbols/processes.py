@@ -1,4 +1,4 @@
-"""Running-process lists and ``nvmlDeviceGetRunningProcessDetailList`` (``nvml.md`` §1.3).
+"""Running-process lists and ``nvmlDeviceGetRunningProcessDetailList``.
 
 Strides: unversioned 16 bytes, ``_v2`` 24, ``_v3`` 24 (32 on the 535.54 profile), detail 32.
 

@@ -1,4 +1,4 @@
-"""Per-process utilisation calls (``nvml.md`` §1.6).
+"""Per-process utilisation calls.
 
 ``nvmlDeviceGetProcessUtilization`` and ``nvmlDeviceGetProcessesUtilizationInfo``.
 

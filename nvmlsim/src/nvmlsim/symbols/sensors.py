@@ -1,6 +1,6 @@
 """Temperature, fan, P-state, clocks, clock-event reasons, PCIe throughput and ECC counters.
 
-Units as NVML: °C, percent, MHz, KB/s, counts (``nvml.md`` §1.11–1.13). An enum argument
+Units as NVML: °C, percent, MHz, KB/s, counts (NVML API reference). An enum argument
 outside the documented range answers INVALID_ARGUMENT (``NVML_PCIE_UTIL_COUNT`` = 2 is not a
 counter, F25); a reading missing from the scenario answers NOT_SUPPORTED. ``nvmlDevice
 GetPcieThroughput`` takes ``driver.pcie_window_ms`` (20 ms) inside the dispatcher (F21).

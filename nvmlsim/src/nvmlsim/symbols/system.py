@@ -1,4 +1,4 @@
-"""Library lifecycle, system queries and device enumeration (``nvml.md`` §1.1, §1.9, §1.14).
+"""Library lifecycle, system queries and device enumeration.
 
 Init keeps NVML's reference count: every successful ``nvmlInitWithFlags`` adds one, every
 ``nvmlShutdown`` removes one, and at zero every other call answers UNINITIALIZED.

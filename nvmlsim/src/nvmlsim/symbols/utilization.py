@@ -1,4 +1,4 @@
-"""Device utilisation: rates, encoder/decoder, and sample buffers (``nvml.md`` §1.4, §1.5).
+"""Device utilisation: rates, encoder/decoder, and sample buffers.
 
 All of these answer NOT_SUPPORTED on MIG-enabled GPUs and MIG handles [doc] (F08).
 ``nvmlDeviceGetSamples`` answers NOT_FOUND when no sample is newer than the cursor (F19); the
