@@ -31,27 +31,28 @@ type errorCase struct {
 	Error string `yaml:"error"`
 }
 
-func readYAML(t *testing.T, name string, out any) {
+// readCases decodes the list of test vectors in testdata/name; an empty list fails the test.
+func readCases[T any](t *testing.T, name string) []T {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(testdata, name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := yaml.UnmarshalStrict(data, out); err != nil {
+	var cases []T
+	if err := yaml.UnmarshalStrict(data, &cases); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
+	if len(cases) == 0 {
+		t.Fatalf("%s: no cases", name)
+	}
+	return cases
 }
 
 // TestCasesAgreeWithPrometheus applies each case's rules with relabel.ProcessBuilder, under
 // Prometheus 3's default UTF-8 label-name validation, and compares with the expectation the
 // Python tests hold (tests/identity/test_relabel.py).
 func TestCasesAgreeWithPrometheus(t *testing.T) {
-	var cases []relabelCase
-	readYAML(t, "relabel_cases.yaml", &cases)
-	if len(cases) == 0 {
-		t.Fatal("relabel_cases.yaml: no cases")
-	}
-	for _, c := range cases {
+	for _, c := range readCases[relabelCase](t, "relabel_cases.yaml") {
 		t.Run(c.ID, func(t *testing.T) {
 			if !c.Dropped && c.Expected == nil {
 				t.Fatal("case has neither expected nor dropped: true")
@@ -83,12 +84,7 @@ func TestCasesAgreeWithPrometheus(t *testing.T) {
 // by Prometheus too (at YAML decoding or by Config.Validate); the messages differ by design (ours
 // name the rule index and field).
 func TestErrorsArePrometheusErrors(t *testing.T) {
-	var cases []errorCase
-	readYAML(t, "relabel_errors.yaml", &cases)
-	if len(cases) == 0 {
-		t.Fatal("relabel_errors.yaml: no cases")
-	}
-	for _, c := range cases {
+	for _, c := range readCases[errorCase](t, "relabel_errors.yaml") {
 		t.Run(c.ID, func(t *testing.T) {
 			text, err := yaml.Marshal(c.Rules)
 			if err != nil {
