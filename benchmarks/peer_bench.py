@@ -65,11 +65,15 @@ PEER_PACKAGES = ("nvitop-exporter==1.7.2", "nvidia-ml-py==13.615.71")
 
 
 def setup_peer(venv: Path = PEER_VENV) -> None:
-    """Create the peer's scratch virtualenv: nvitop-exporter and this package (editable)."""
+    """Create the peer's scratch virtualenv: nvitop-exporter and the simulator (nvmlsim, editable).
+
+    The peer needs nothing of gpumetrics: it runs nvitop-exporter on nvmlsim, as any other
+    project testing NVML code would.
+    """
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, *PEER_PACKAGES, "py-spy"], check=True)
-    subprocess.run([*pip, "-e", str(ROOT)], check=True)
+    subprocess.run([*pip, "-e", str(ROOT / "nvmlsim")], check=True)
 
 
 def free_port() -> int:
