@@ -5,6 +5,9 @@
 #     -e GPUMETRICS_PROC_ROOT=/host/proc gpumetrics
 #   docker run --rm gpumetrics serve --simulate          # no GPU: the simulated 8-GPU node
 #
+# The image holds the sidecar and, for `--simulate` (demos, compose's simulated profile), the
+# simulated NVML driver nvmlsim (its own distribution, nvmlsim/, installed as gpumetrics[sim]).
+#
 # NVML comes from the host driver: run with the NVIDIA container runtime (--gpus all, or
 # runtimeClassName: nvidia in Kubernetes), which mounts libnvidia-ml and the device nodes.
 # docs/deployment.md covers the PID namespace, mounts, privileges and probes.
@@ -13,8 +16,10 @@ FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY receiver/gpumetrics ./receiver/gpumetrics
+COPY nvmlsim/pyproject.toml nvmlsim/README.md ./nvmlsim/
+COPY nvmlsim/src ./nvmlsim/src
 RUN python -m venv /opt/gpumetrics \
-    && /opt/gpumetrics/bin/pip install --no-cache-dir --disable-pip-version-check .
+    && /opt/gpumetrics/bin/pip install --no-cache-dir --disable-pip-version-check ./nvmlsim '.[sim]'
 
 FROM python:3.11-slim-bookworm
 LABEL org.opencontainers.image.title="gpumetrics" \

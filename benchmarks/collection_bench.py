@@ -30,11 +30,11 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpumetrics.metrics.producer import Producer  # noqa: E402
-from gpumetrics.nvml import sim  # noqa: E402
 from gpumetrics.nvml.collector import Collector  # noqa: E402
 from gpumetrics.nvml.settings import CollectionSettings  # noqa: E402
 from gpumetrics.selftelemetry import Telemetry  # noqa: E402
 
+import nvmlsim as sim  # noqa: E402
 from benchmarks.harness import emit, machine, node_scenario  # noqa: E402
 from benchmarks.nvml_minimum import minimum_calls  # noqa: E402
 

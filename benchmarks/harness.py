@@ -67,10 +67,10 @@ def node_scenario(
             default 256 MiB and sm 20 % / mem 5 % each.
 
     Returns:
-        Python data for :func:`gpumetrics.nvml.sim.scenario_from_data` or a YAML file.
+        Python data for :func:`nvmlsim.scenario_from_data` or a YAML file.
 
     """
-    from gpumetrics.nvml import sim
+    import nvmlsim as sim
 
     data = sim.load_scenario(profile).model_dump(mode="json", exclude_unset=True)
     template = copy.deepcopy(data["devices"][0])
@@ -108,7 +108,7 @@ def node_scenario(
 
 def write_scenario(data: Mapping[str, Any], path: Path) -> Path:
     """Write scenario data as YAML (validated first); return ``path``."""
-    from gpumetrics.nvml import sim
+    import nvmlsim as sim
 
     sim.scenario_from_data(dict(data))  # raises ScenarioError naming the field
     path.parent.mkdir(parents=True, exist_ok=True)

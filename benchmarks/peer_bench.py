@@ -2,7 +2,7 @@
 
 Both run at the same time, each as its own process with the simulated driver installed beneath
 nvidia-ml-py by the simulator's launcher (``benchmarks/simexec.py`` around
-``python -m gpumetrics.nvml.sim exec``), on the same scenario file: 8 H100s of the
+``python -m nvmlsim exec``), on the same scenario file: 8 H100s of the
 ``h100-8x-training`` profile (driver 570, 20 ms PCIe window as on hardware) with 8 training
 processes each, 64 in all, at a 1 s cadence.
 
@@ -65,11 +65,15 @@ PEER_PACKAGES = ("nvitop-exporter==1.7.2", "nvidia-ml-py==13.615.71")
 
 
 def setup_peer(venv: Path = PEER_VENV) -> None:
-    """Create the peer's scratch virtualenv: nvitop-exporter and this package (editable)."""
+    """Create the peer's scratch virtualenv: nvitop-exporter and the simulator (nvmlsim, editable).
+
+    The peer needs nothing of gpumetrics: it runs nvitop-exporter on nvmlsim, as any other
+    project testing NVML code would.
+    """
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, *PEER_PACKAGES, "py-spy"], check=True)
-    subprocess.run([*pip, "-e", str(ROOT)], check=True)
+    subprocess.run([*pip, "-e", str(ROOT / "nvmlsim")], check=True)
 
 
 def free_port() -> int:

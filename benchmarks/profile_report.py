@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 AREAS: tuple[tuple[str, str], ...] = (
-    ("simulated driver", "gpumetrics/nvml/sim/"),
+    ("simulated driver", "nvmlsim/"),
     ("nvidia-ml-py", "pynvml.py"),
     ("OTLP encoding", "gpumetrics/metrics/encode"),
     ("producer", "gpumetrics/metrics/"),

@@ -2,9 +2,9 @@
 
 Run on a machine with a GPU (real ``libnvidia-ml.so.1``):
 ``python benchmarks/sim_hardware_probe.py > probe.json``; or against the simulation, to check
-the script itself: ``python -m gpumetrics.nvml.sim exec --simulate h100-sxm -- \
+the script itself: ``python -m nvmlsim exec --simulate h100-sxm -- \
 benchmarks/sim_hardware_probe.py``. Compare the JSON with the simulator's choices listed under
-"Behaviour reference" in docs/simulated-driver.md (MIG error codes, sizing counts, sample clock
+"Behaviour reference" in nvmlsim/README.md (MIG error codes, sizing counts, sample clock
 domain, bad struct version code, symbol presence per driver branch).
 
 Read-only: it only queries; it never changes a clock, limit or MIG setting.
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pynvml
-from gpumetrics.nvml.sim.driver_profiles import ALL_SYMBOLS
+from nvmlsim.driver_profiles import ALL_SYMBOLS
 
 
 def _code(fn: Callable[[], Any]) -> Any:

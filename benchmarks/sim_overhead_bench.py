@@ -28,8 +28,7 @@ import pynvml
 if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpumetrics.nvml import sim  # noqa: E402
-
+import nvmlsim as sim  # noqa: E402
 from benchmarks.harness import emit, machine, node_scenario  # noqa: E402
 
 

@@ -2,8 +2,8 @@
 
 ``python -m benchmarks.simexec --stats-dir DIR -- [launcher exec options] -- TARGET [ARGS...]``
 
-A thin wrapper around the simulator's own launcher (``python -m gpumetrics.nvml.sim exec``,
-``gpumetrics.nvml.sim.launcher.main``): everything after the first ``--`` is handed to
+A thin wrapper around the simulator's own launcher (``python -m nvmlsim exec``,
+``nvmlsim.launcher.main``): everything after the first ``--`` is handed to
 ``launcher exec`` unchanged. What it adds is for benchmarks that measure a window in the
 middle of a run: on **SIGUSR1** it writes ``SimDriver.stats()`` (C calls per function, time
 inside the simulated functions) to ``DIR/stats-<n>.json``, numbered from 1, then to
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpumetrics.nvml import sim
-from gpumetrics.nvml.sim import launcher
+import nvmlsim as sim
+from nvmlsim import launcher
 
 
 def _dumper(directory: Path, wanted: threading.Event) -> None:

@@ -15,11 +15,11 @@ from typing import Any
 from gpumetrics.identity.declared import DeclaredStore
 from gpumetrics.identity.resourcer import new_process_resourcer
 from gpumetrics.metrics.producer import Producer
-from gpumetrics.nvml import sim
 from gpumetrics.nvml.collector import Collector
 from gpumetrics.nvml.settings import CollectionSettings
 from gpumetrics.selftelemetry import Telemetry
 
+import nvmlsim as sim
 from benchmarks.harness import node_scenario
 from benchmarks.identity_bench import MemoryProcfs, payloads
 

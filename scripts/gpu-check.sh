@@ -16,7 +16,7 @@
 # (probe.json), sample-timestamp clock domains (probe.json), the simulator's unverified corners
 # (corners.json), collection cycle times (cycles.json), a short sidecar run with two pulls
 # (pull-*.json, sidecar.json, logs/), nvidia-smi -q and --query-gpu before and after,
-# our readings next to nvidia-smi (compare.json) and summary.md. Every step has a timeout; a
+# our readings next to nvidia-smi (compare.json) and <out>/summary.md. Every step has a timeout; a
 # failed step is recorded in steps.tsv and the next one runs. Nothing changes GPU settings:
 # only queries are made, and the GPU state before and after is compared (state-diff.txt).
 set -u -o pipefail
@@ -80,7 +80,7 @@ fi
 RUNPY=("$PY")
 SERVE_SIM=()
 if [ -n "$SIMULATE" ]; then
-  RUNPY=("$PY" -m gpumetrics.nvml.sim exec --simulate "$SIMULATE" --)
+  RUNPY=("$PY" -m nvmlsim exec --simulate "$SIMULATE" --)
   SERVE_SIM=(--simulate "$SIMULATE")
 fi
 HAVE_SMI=0

@@ -14,8 +14,8 @@ Subcommands (all read-only; JSON and Markdown into ``--out``):
     an earlier pull) next to ``smi.json``, converted to nvidia-smi's units; static identity
     attributes next to their nvidia-smi fields. Writes ``compare.json``.
 ``summary``
-    ``summary.md`` from what the check left in ``--out`` (probe, cycles, comparison, sidecar run,
-    GPU state before and after).
+    ``<out>/summary.md`` from what the check left in ``--out`` (probe, cycles, comparison,
+    sidecar run, GPU state before and after).
 """
 
 from __future__ import annotations

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Lints proto/ with buf (STANDARD rules, buf.yaml). buf comes from the npm registry
+# Lints our .proto files with buf (STANDARD rules, buf.yaml). buf comes from the npm registry
 # (@bufbuild/buf, pinned), installed once into the user cache.
+#
+# proto/gpumetrics/processcontext/ imports OTLP messages whose .proto sources are not in this
+# repository (nor in the opentelemetry-proto wheel), so buf lints an image: protoc (grpcio-tools)
+# compiles proto/ with the OTLP descriptors from the wheel (scripts/otlp_descriptors.py), and
+# `--path gpumetrics` limits the lint to our files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
 BUF_VERSION=1.75.0
 tools="${XDG_CACHE_HOME:-$HOME/.cache}/gpumetrics/buf-$BUF_VERSION"
 buf="$tools/node_modules/.bin/buf"
@@ -10,5 +16,11 @@ if [ ! -x "$buf" ]; then
   mkdir -p "$tools"
   npm install --silent --no-audit --no-fund --prefix "$tools" "@bufbuild/buf@$BUF_VERSION" >&2
 fi
-"$buf" lint
-echo "buf lint: ok"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$PY" scripts/otlp_descriptors.py "$tmp/otlp.binpb"
+mapfile -t files < <(cd proto && find gpumetrics -name '*.proto' | sort)
+"$PY" -m grpc_tools.protoc -Iproto --descriptor_set_in="$tmp/otlp.binpb" \
+  --include_imports --include_source_info --descriptor_set_out="$tmp/image.binpb" "${files[@]}"
+"$buf" lint "$tmp/image.binpb" --config buf.yaml --path gpumetrics
+echo "buf lint: ok (${#files[@]} files)"

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Quick start (README, first command): install gpumetrics into .venv, run the sidecar on a
-# simulated 8-GPU node (the h100-8x-training profile: 8x H100 with a running training job), and
-# print one pull from its gRPC endpoint. No GPU needed.
+# Quick start (README, first command): install gpumetrics and its simulated NVML driver (nvmlsim,
+# the `sim` extra) into .venv, run the sidecar on a simulated 8-GPU node (the h100-8x-training
+# profile: 8x H100 with a running training job), and print one pull from its gRPC endpoint.
+# No GPU needed.
 #   FORMAT=json ./scripts/quickstart.sh   prints OTLP/JSON instead of the text summary
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e .   # editable, like scripts/test.sh, so both share .venv
+# editable, like scripts/test.sh, so both share .venv
+"$VENV/bin/python" -m pip install -q -e ./nvmlsim -e '.[sim]'
 dir=$(mktemp -d)
 sock="$dir/gpumetrics.sock"
 "$VENV/bin/gpumetrics" serve --simulate h100-8x-training --listen "unix:$sock" \

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The project's test command (README "Quick start", second command; CI runs it via .ci/run).
-# Sets up a virtual environment in .venv (or $VENV), installs the package with its test extras,
-# then runs, in order:
-#   1. generated code is fresh; lint: ruff (lint everywhere, format on the package), mypy on the
-#      package, buf lint on proto/;
-#   2. the Python suites (everything not marked e2e);
-#   3. the Go receiver: collector/scripts/test.sh (gofmt, hadolint, go vet, go test);
+# Sets up a virtual environment in .venv (or $VENV), installs the package with its test extras
+# and the simulated NVML driver (nvmlsim/, its own distribution), then runs, in order:
+#   1. generated code is fresh; lint: ruff (lint everywhere, format on both packages), mypy on
+#      both packages, import-linter (the layers of docs/architecture.md), buf lint on proto/;
+#   2. the Python suites (everything not marked e2e) and the simulator's own tests;
+#   2b. the same NVML-facing suites (the simulator's, tests/nvml) against the OLDEST supported
+#      nvidia-ml-py; the simulator's in a small venv of their own without gpumetrics, which
+#      also proves it stands alone (stage 2 ran them against the newest);
+#   3. the Go receiver: collector/scripts/test.sh (gofmt, hadolint, go vet, go test); then the
+#      relabel test vectors computed by Prometheus' own model/relabel (tests/relabeloracle);
 #   4. static validation of docker-compose.yaml, the Dockerfiles and collector-config/
 #      (scripts/validate-compose.sh);
 #   5. the end-to-end tests (pytest -m e2e): builds the otelcol-gpumetrics distribution with the
@@ -23,7 +27,7 @@ fi
 . "$VENV/bin/activate"
 VENV=$(cd "$VENV" && pwd)   # absolute: later stages run from other directories
 python -m pip install -q --upgrade pip
-python -m pip install -q -e '.[test]'
+python -m pip install -q -e ./nvmlsim -e '.[test]'
 
 # Every stage runs, whatever the earlier ones did, so one failure never hides another stage's
 # result; the summary at the end has one line per stage and the total, and the exit status is
@@ -50,26 +54,57 @@ stage() {
   set -e
   local took=$((SECONDS - began))
   if [ "$rc" -eq 0 ]; then
-    SUMMARY+=("$(printf 'ok      %-36s %5d s' "$name" "$took")")
+    SUMMARY+=("$(printf 'ok      %-42s %5d s' "$name" "$took")")
   else
-    SUMMARY+=("$(printf 'FAILED  %-36s %5d s  (exit %d)' "$name" "$took" "$rc")")
+    SUMMARY+=("$(printf 'FAILED  %-42s %5d s  (exit %d)' "$name" "$took" "$rc")")
     FAILED=$((FAILED + 1))
   fi
 }
 
 skip() {
-  SUMMARY+=("$(printf 'skipped %-36s          (%s)' "$1" "$2")")
+  SUMMARY+=("$(printf 'skipped %-42s          (%s)' "$1" "$2")")
 }
 
 lint() {
   ruff check .
-  ruff format --check receiver
+  ruff format --check receiver nvmlsim/src
   mypy receiver/gpumetrics
+  (cd nvmlsim && mypy)
+  lint-imports
+  (cd nvmlsim && lint-imports)
   ./scripts/lint-proto.sh
+}
+
+python_tests() {
+  run_pytest -m "not e2e"
+  (cd nvmlsim && run_pytest)
+}
+
+# The oldest nvidia-ml-py the range in pyproject.toml and nvmlsim/pyproject.toml allows; the
+# newest is what the python stage ran with. Keep equal to the lower bounds there.
+NVML_OLDEST=12.570.86
+oldest_nvml() {
+  local simvenv="$VENV-nvmlsim"
+  if [ ! -x "$simvenv/bin/python" ]; then python3 -m venv "$simvenv"; fi
+  "$simvenv/bin/python" -m pip install -q --disable-pip-version-check \
+    "nvidia-ml-py==$NVML_OLDEST" -e './nvmlsim[test]'
+  "$simvenv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("gpumetrics") is not None)'
+  (cd nvmlsim && "$simvenv/bin/python" -m pytest -q -p no:cacheprovider)
+  local oldest="$VENV/nvidia-ml-py-$NVML_OLDEST"   # just the binding, ahead of the venv's on sys.path
+  [ -f "$oldest/pynvml.py" ] || python -m pip install -q --no-deps --target "$oldest" "nvidia-ml-py==$NVML_OLDEST"
+  PYTHONPATH="$oldest" python -c "import importlib.metadata as m; assert m.version('nvidia-ml-py') == '$NVML_OLDEST'"
+  PYTHONPATH="$oldest" run_pytest tests/nvml
 }
 
 go_receiver() {
   PYTHON="$VENV/bin/python" HADOLINT="$VENV/bin/hadolint" ./collector/scripts/test.sh
+}
+
+relabel_oracle() {
+  local unformatted
+  unformatted=$(gofmt -l tests/relabeloracle)
+  [ -z "$unformatted" ] || { echo "gofmt: $unformatted" >&2; return 1; }
+  (cd tests/relabeloracle && go vet ./... && go test -count=1 ./...)
 }
 
 build_otelcol() {
@@ -91,8 +126,11 @@ e2e() {
 
 stage "generated code is fresh" ./scripts/check-generated.sh
 stage "lint" lint
-stage "python tests" run_pytest -m "not e2e"
+nvml_newest=$(python -c 'import importlib.metadata as m; print(m.version("nvidia-ml-py"))')
+stage "python tests (nvidia-ml-py $nvml_newest)" python_tests
+stage "oldest nvidia-ml-py ($NVML_OLDEST)" oldest_nvml
 stage "go receiver" go_receiver
+stage "relabel vectors vs Prometheus (Go)" relabel_oracle
 stage "compose and configuration (static)" ./scripts/validate-compose.sh
 if [ -n "${GPUMETRICS_SKIP_E2E:-}" ]; then
   skip "build otelcol-gpumetrics" "GPUMETRICS_SKIP_E2E is set"
@@ -106,8 +144,8 @@ echo
 echo "== summary"
 printf '%s\n' "${SUMMARY[@]}"
 if [ "$FAILED" -eq 0 ]; then
-  printf 'ok      %-36s %5d s\n' "all stages" "$((SECONDS - t0))"
+  printf 'ok      %-42s %5d s\n' "all stages" "$((SECONDS - t0))"
 else
-  printf 'FAILED  %-36s %5d s  (%d stage(s) failed)\n' "all stages" "$((SECONDS - t0))" "$FAILED"
+  printf 'FAILED  %-42s %5d s  (%d stage(s) failed)\n' "all stages" "$((SECONDS - t0))" "$FAILED"
   exit 1
 fi

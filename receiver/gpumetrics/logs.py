@@ -1,7 +1,7 @@
 """Logging for the sidecar: structured records on stderr, and duplicate suppression.
 
-Two line formats, both readable by a go-plugin host (reference ``subprocess-protocol.md`` §1.5,
-go-plugin ``log_entry.go`` and ``client.go`` ``logStderr``):
+Two line formats, both readable by a go-plugin host (hashicorp/go-plugin ``log_entry.go`` and
+``client.go`` ``logStderr``, https://github.com/hashicorp/go-plugin):
 
 * ``json``: one hclog-compatible JSON object per line. ``@level`` (``trace``/``debug``/``info``/
   ``warn``/``error``), ``@message``, ``@timestamp`` (Go layout ``2006-01-02T15:04:05.000000Z07:00``,

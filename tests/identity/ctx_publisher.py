@@ -2,7 +2,8 @@
 
 Run as a script, the child reads one JSON command per line on stdin and answers one JSON line on
 stdout; it exits on ``{"op": "exit"}`` or when stdin closes (so it never outlives the test). It
-publishes the way sig-profiling's C publisher does (process-identity.md §3.1–3.3): a
+publishes the way sig-profiling's C publisher does (OTEP 4719's publication and update
+protocols; open-telemetry/sig-profiling ``process-context/c-and-cpp/otel_process_ctx.c``): a
 ``memfd_create("OTEL_CTX")`` mapping (``MAP_PRIVATE``, ``MADV_DONTFORK``) or an anonymous mapping
 named with ``prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, ..., "OTEL_CTX")``, the 32-byte header at the
 mapping's start and the payload in a separate heap buffer; updates follow the seqlock protocol

@@ -1,4 +1,4 @@
-"""The OTEL_* edge-case table (process-identity.md §2.3) as data: one row, one case."""
+"""The OTEL_* edge-case table as data (testdata/identity/otel_env_cases.yaml): one row, one case."""
 
 from __future__ import annotations
 

@@ -97,19 +97,26 @@ def test_payload_roundtrip_without_a_process() -> None:
 
 
 @pytest.mark.parametrize(
-    ("payload", "match"),
+    "payload",
     [
-        (b"\x0a\x05\x0a", "truncated"),
-        (b"\x08\x01", "field 1 at byte 0 has wire type 0"),
-        (b"\x0a\x03\x0a\x01\xff", "resource"),  # KeyValue key is invalid UTF-8
-        (b"\x12\x02\x0a\xff", "attributes\\[0\\]"),
-        (b"\x00", "field number 0"),
-        (b"\x0b", "wire type 3"),
+        b"\x0a\x05\x0a",  # field 1 claims 5 bytes, has 1
+        b"\x0a\x03\x0a\x01\xff",  # resource > KeyValue whose only byte is a truncated tag
+        b"\x0a\x07\x0a\x05\x0a\x03\x0a\x01\xff",  # resource > KeyValue > key b"\xff": not UTF-8
+        b"\x12\x03\x0a\x01\xff",  # attributes[0].key b"\xff": not UTF-8
+        b"\x00",  # field number 0
+        b"\x0b",  # field 1 with wire type 3 (start group)
     ],
 )
-def test_payload_decode_errors(payload: bytes, match: str) -> None:
-    with pytest.raises(ProcessContextDecodeError, match=match):
+def test_payload_decode_errors(payload: bytes) -> None:
+    with pytest.raises(ProcessContextDecodeError, match="^not a ProcessContext: "):
         decode_process_context(payload)
+
+
+def test_field_with_another_wire_type_is_an_unknown_field() -> None:
+    # Protobuf's rule (and so every generated reader's, the eBPF profiler's Go one included):
+    # field 1 as a varint is not the `resource` message but an unknown field, skipped.
+    assert decode_process_context(b"\x08\x01" + PAYLOAD) == decode_process_context(PAYLOAD)
+    assert decode_process_context(b"\x08\x01").resource == {}
 
 
 def test_unknown_fields_skipped_and_resource_merged() -> None:

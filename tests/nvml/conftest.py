@@ -22,14 +22,14 @@ import pytest
 import yaml
 from google.protobuf import json_format
 from gpumetrics.metrics.producer import Producer
-from gpumetrics.nvml import sim
 from gpumetrics.nvml.collector import Collector, CycleReport
 from gpumetrics.nvml.settings import CollectionSettings
 from gpumetrics.selftelemetry import Telemetry
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 
+import nvmlsim as sim
+
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "testdata" / "golden"
-SCENARIO_DIR = Path(__file__).resolve().parents[1] / "testdata" / "scenarios"
 PID_MAX = 4_194_304
 """Tests never depend on this machine's pid_max (often 32768 in containers)."""
 
@@ -199,20 +199,17 @@ def settings(**overrides: Any) -> CollectionSettings:
 
 
 def scenario(name_or_data: Any) -> sim.Scenario:
-    """A built-in profile, a scenario file under tests/testdata/scenarios, or scenario data."""
+    """A built-in profile or field case of nvmlsim (by name), a scenario file, or scenario data."""
     if isinstance(name_or_data, sim.Scenario):
         return name_or_data
     if isinstance(name_or_data, dict):
         return sim.scenario_from_data(name_or_data)
-    path = SCENARIO_DIR / f"{name_or_data}.yaml"
-    if path.exists():
-        return sim.load_scenario(path)
     return sim.load_scenario(name_or_data)
 
 
 def variant(name: str, **driver: Any) -> sim.Scenario:
-    """A scenario file from tests/testdata/scenarios with ``driver`` keys overridden."""
-    data = yaml.safe_load((SCENARIO_DIR / f"{name}.yaml").read_text())
+    """Field case ``name`` of nvmlsim with ``driver`` keys overridden."""
+    data = yaml.safe_load(sim.field_case_path(name).read_text())
     data["driver"] = {**data.get("driver", {}), **driver}
     return sim.scenario_from_data(data)
 

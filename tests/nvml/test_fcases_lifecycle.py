@@ -2,8 +2,9 @@
 
 import pytest
 from gpumetrics.metrics import names
-from gpumetrics.nvml import sim
 from gpumetrics.nvml.library import EXIT_VERSION_MISMATCH
+
+import nvmlsim as sim
 
 STATUS = names.MetricStatus
 

@@ -6,7 +6,8 @@ tests use a short one (0.2 s).
 """
 
 from gpumetrics.metrics import names
-from gpumetrics.nvml import sim
+
+import nvmlsim as sim
 
 DEADLINE = 0.2
 

@@ -1,4 +1,4 @@
-"""Play the go-plugin host against the sidecar subprocess, as ``subprocess-protocol.md`` describes.
+"""Play the go-plugin host against the sidecar subprocess, as hashicorp/go-plugin's client does.
 
 Environment, handshake parsing (nothing else ever on stdout), health ``plugin``, a pull,
 ``GRPCController/Shutdown`` with an open ``GRPCStdio`` stream, exit status 0 within go-plugin's

@@ -23,11 +23,12 @@ from typing import Any
 import grpc
 from gpumetrics.config import SidecarConfig
 from gpumetrics.metrics import count_points
-from gpumetrics.nvml import sim
 from gpumetrics.nvml.collector import Collector, CycleReport
 from gpumetrics.runtime import Batcher, Sidecar
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+
+import nvmlsim as sim
 
 from .fakeproc import FakeProc
 from .soak_plan import Plan

@@ -21,11 +21,12 @@ import yaml
 from gpumetrics.config import ConfigError, SidecarConfig, load_config
 from gpumetrics.identity import RelabelConfigError, load_relabel_configs, relabel
 from gpumetrics.metrics.producer import Producer
-from gpumetrics.nvml import sim
 from gpumetrics.nvml.collector import Collector
 from gpumetrics.nvml.settings import CollectionSettings
 from hypothesis import given
 from hypothesis import strategies as st
+
+import nvmlsim as sim
 
 from .conftest import hypothesis_settings
 

@@ -9,10 +9,11 @@ docs/reliability.md, "Findings".
 from __future__ import annotations
 
 from gpumetrics.metrics.producer import Producer
-from gpumetrics.nvml import sim
 from gpumetrics.nvml.collector import Collector
 from gpumetrics.nvml.settings import CollectionSettings
 from gpumetrics.selftelemetry import Telemetry
+
+import nvmlsim as sim
 
 
 def test_a_hang_in_the_tick_that_recovers_a_gpu_is_caught_by_the_call_deadline() -> None:

@@ -54,7 +54,7 @@ SIDECAR_GROWTH_LIMIT = 1024 * 1024
 simulator excluded) may hold beyond what it held after the warm-up."""
 SIDECAR_CODE = [
     tracemalloc.Filter(True, "*/gpumetrics/*"),
-    tracemalloc.Filter(False, "*/gpumetrics/nvml/sim/*"),
+    tracemalloc.Filter(False, "*/nvmlsim/*"),
 ]
 
 

@@ -9,7 +9,8 @@ from gpumetrics.metrics.spec import Instrument, ValueType, catalogue, parse_cata
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Semantic conventions v1.44.0 (shared/reference/semconv-and-otlp.md §1.2-1.3):
+# Semantic conventions v1.44.0, hardware metrics (https://opentelemetry.io/docs/specs/semconv/hardware/
+# gpu/ and .../hardware/common/; model/hardware/*.yaml in open-telemetry/semantic-conventions):
 # name -> (instrument, unit, value type)
 SEMCONV = {
     "hw.gpu.utilization": (Instrument.GAUGE, "1", ValueType.DOUBLE),
@@ -47,7 +48,7 @@ def test_only_semconv_names_use_the_hw_namespace():
 
 
 def test_hw_type_on_exactly_the_metrics_that_require_it():
-    # hw.type is required on hw.power/energy/errors/status and absent from hw.gpu.* (§1.2 pitfall)
+    # hw.type is required on hw.power/energy/errors/status and absent from hw.gpu.* (semconv)
     with_type = {n for n, s in catalogue().metrics.items() if "hw.type" in s.attributes}
     assert with_type == {"hw.power", "hw.energy", "hw.errors", "hw.status"}
 

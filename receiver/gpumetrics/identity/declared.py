@@ -1,6 +1,6 @@
 """The declared store: what profilers told us about each process, keyed by (pid, start time).
 
-A reused pid never inherits a dead process's identity (``nvml-field-cases.md`` F16): a
+A reused pid never inherits a dead process's identity (NVML field case F16, pid reuse): a
 declaration whose start time differs from the live process's (read from procfs through the
 injected ``start_time_reader``) is not returned, and is released. The store is bounded: at
 ``max_processes`` a new pid first makes the store release exited or reused entries (a sweep over

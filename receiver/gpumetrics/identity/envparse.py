@@ -1,7 +1,8 @@
 """Strict parsing of a process's ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME``.
 
-Rules (``shared/reference/process-identity.md`` §2; OpenTelemetry specification
-``specification/resource/sdk.md``; the eBPF profiler's strict parser in PRs #1343/#1771):
+Rules: the OpenTelemetry specification, "Specifying resource information via an environment
+variable" (https://opentelemetry.io/docs/specs/otel/resource/sdk/), and the OpenTelemetry eBPF
+profiler's strict parser (open-telemetry/opentelemetry-ebpf-profiler PRs #1343 and #1771):
 
 * An empty ``OTEL_RESOURCE_ATTRIBUTES`` is unset (no attributes, no error).
 * The value is split on ``,``; each item on its first ``=``. An item without ``=`` (including the

@@ -1,7 +1,8 @@
 """parca-agent style labels of a process (the relabel input) and their mapping to attributes.
 
-Input labels (``shared/reference/process-identity.md`` §4.1–4.2), each only when its value is
-known and non-empty (an empty label is a missing label):
+Input labels (parca-agent's, https://github.com/parca-dev/parca-agent: its README's "Metadata
+Labels" and ``reporter/metadata/``), each only when its value is known and non-empty (an empty
+label is a missing label):
 
 * ``node`` (configured node name) and ``comm``, as parca-agent always adds them;
 * ``__meta_process_pid``, ``__meta_process_ppid``, ``__meta_process_cmdline`` (arguments joined
@@ -24,7 +25,7 @@ Output labels → resource attributes (:func:`labels_to_attributes`): ``__meta_*
 removed (as parca-agent does); ``node`` and ``comm`` are not emitted (``host.name``/
 ``k8s.node.name`` come from configuration, and ``comm`` is already the ``service.name`` fallback);
 ``namespace``/``pod``/``container`` (the names of parca-agent's shipped Kubernetes config) become
-``k8s.namespace.name``/``k8s.pod.name``/``k8s.container.name`` (the cross-walk of §4.7), so they
+``k8s.namespace.name``/``k8s.pod.name``/``k8s.container.name`` (semantic conventions), so they
 join with what the OpenTelemetry side calls them; every other label is kept under its own name as
 a string attribute (a rule may target an OpenTelemetry key such as ``service.namespace``
 directly, since label names are UTF-8).

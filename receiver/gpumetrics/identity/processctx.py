@@ -1,8 +1,12 @@
 """Reading a process's OTEP 4719 process context (its ``OTEL_CTX`` mapping) from outside.
 
-Layout, publication and reader protocol: ``shared/reference/process-identity.md`` §3 (OTEP 4719,
-``opentelemetry-proto`` ``docs/process-context/process-context.md``, sig-profiling's C publisher
-and the eBPF profiler's reader).
+Layout, publication and reader protocol: OTEP 4719 ("Header Structure", "Reading Protocol",
+https://github.com/open-telemetry/opentelemetry-specification/blob/main/oteps/profiles/4719-process-ctx.md),
+opentelemetry-proto's notes
+(https://github.com/open-telemetry/opentelemetry-proto/blob/main/docs/process-context/process-context.md),
+the C publisher in open-telemetry/sig-profiling (``process-context/c-and-cpp/``) and the eBPF
+profiler's reader (``processcontext/processcontext.go`` in
+open-telemetry/opentelemetry-ebpf-profiler).
 
 1. Find the mapping in ``<proc_root>/<pid>/maps``: the first non-executable line whose pathname
    starts with ``[anon_shmem:OTEL_CTX]``, ``[anon:OTEL_CTX]`` or ``/memfd:OTEL_CTX`` (so

@@ -3,7 +3,7 @@
 Missing or unreadable files are normal (the process exited, ``EACCES``, a kernel thread without
 ``exe``): every reader returns None then, never raises for them, and never invents a value.
 
-PID namespaces (``shared/reference/nvml-field-cases.md`` F15): NVML and the profilers report
+PID namespaces (NVML field case F15, PID namespaces): NVML and the profilers report
 host pids. If the procfs under ``proc_root`` belongs to another pid namespace (a container without
 ``hostPID``), a host pid there names an unrelated process, so this reader refuses to read any
 pid (every per-pid method returns None). The decision is configuration (``host_pid_namespace``)

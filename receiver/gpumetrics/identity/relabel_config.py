@@ -1,7 +1,10 @@
 r"""Prometheus ``relabel_configs``: parsing, defaults and validation (Prometheus 3.x rules).
 
-Source: Prometheus ``model/relabel/relabel.go`` (3.x, the version parca-agent v0.49 pins) and
-``shared/reference/process-identity.md`` §4.4. A parca-agent configuration file (top-level
+Source: Prometheus ``model/relabel/relabel.go`` (3.x, the version parca-agent v0.49 pins;
+https://github.com/prometheus/prometheus/blob/main/model/relabel/relabel.go) and its
+``relabel_config`` documentation
+(https://prometheus.io/docs/prometheus/latest/configuration/configuration/#relabel_config).
+A parca-agent configuration file (top-level
 ``relabel_configs:``, other top-level keys being the agent's flags) loads unchanged.
 
 Defaults: ``action: replace``, ``separator: ";"``, ``regex: "(.*)"``, ``replacement: "$1"``.

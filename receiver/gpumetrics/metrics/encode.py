@@ -1,8 +1,11 @@
 """Encoding of the internal model into OTLP protobuf messages (no I/O).
 
 ``encode_metric`` writes one :class:`MetricSpec` and its points into an OTLP ``Metric``;
-``encode_attributes`` turns Python attribute values into ``KeyValue`` lists. Shapes follow
-``shared/reference/semconv-and-otlp.md`` §2: Gauge → ``Metric.gauge``; UpDownCounter/Counter →
+``encode_attributes`` turns Python attribute values into ``KeyValue`` lists. Shapes follow the
+OpenTelemetry metrics data model (https://opentelemetry.io/docs/specs/otel/metrics/data-model/)
+and the SDK's default aggregation per instrument
+(https://opentelemetry.io/docs/specs/otel/metrics/sdk/#default-aggregation): Gauge →
+``Metric.gauge``; UpDownCounter/Counter →
 ``Metric.sum`` with ``AGGREGATION_TEMPORALITY_CUMULATIVE`` and ``is_monotonic`` set for Counters
 only; ``as_int`` for int metrics, ``as_double`` otherwise. The pull servicer and the push client
 both send what this module produces.

@@ -23,7 +23,7 @@ class GPU:
 
     Attributes:
         uuid: NVML UUID (``GPU-…`` or ``MIG-…``); the key of everything, since indexes are not
-            stable across reboots (NVML reference §1.14).
+            stable across reboots (NVML API reference, ``nvmlDeviceGetHandleByIndex``).
         index: NVML index at discovery, or None for a MIG instance.
         name: human-friendly name written to ``hw.name`` (``gpu0``; ``gpu0/mig3`` for a MIG
             instance), or None.

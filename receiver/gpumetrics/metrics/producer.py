@@ -2,7 +2,8 @@
 
 Collectors record points into the host buffer (device metrics) or into one buffer per process
 (per-process metrics). ``produce`` moves everything recorded since the previous call into OTLP:
-one ``Metric`` per name per scope (never two same-named metrics, prior-art finding 11), and one
+one ``Metric`` per name per scope (never two same-named metrics, as polarsignals/gpu-metrics-agent's
+``Produce`` in ``nvidia.go`` emits one per device), and one
 ``ResourceMetrics`` per process that recorded a point since the previous call, so a process that
 stopped using the GPU gets no point in the next ``produce``.
 """

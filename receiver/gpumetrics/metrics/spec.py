@@ -3,7 +3,8 @@
 A :class:`MetricSpec` fixes everything about a metric that is not a data point: name, OTLP shape
 (Gauge, or cumulative Sum with its monotonicity), UCUM unit, value type, attribute keys (with enum
 values where closed) and where the value comes from in NVML. Instrument mapping follows the
-semantic conventions' rule (``shared/reference/semconv-and-otlp.md`` §2.3): Gauge →
+SDK's default aggregation (https://opentelemetry.io/docs/specs/otel/metrics/sdk/#default-aggregation),
+which the semantic conventions' instruments assume: Gauge →
 ``Metric.gauge``; UpDownCounter → cumulative non-monotonic ``Metric.sum``; Counter → cumulative
 monotonic ``Metric.sum``.
 """

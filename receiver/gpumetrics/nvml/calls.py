@@ -1,7 +1,8 @@
 """Per-device call gate: capability cache, error counting, log-once, in-flight tracking.
 
 Every NVML call a collector makes on a device goes through :meth:`DeviceCalls.query` (or
-:meth:`DeviceCalls.get`). The gate applies the rules of ``shared/reference/nvml-field-cases.md``:
+:meth:`DeviceCalls.get`). The gate applies what the NVML field cases require (F01–F26, each
+with the public reports behind it, in ``nvmlsim/README.md``):
 
 - **Capability cache.** A call answering NOT_SUPPORTED, FUNCTION_NOT_FOUND (or
   ``NVMLLibraryMismatchError``) or NO_PERMISSION is disabled for that device and capability key

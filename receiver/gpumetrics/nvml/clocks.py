@@ -39,7 +39,7 @@ EVENT_REASONS: tuple[tuple[int, str], ...] = (
     (0x80, "hw_power_brake_slowdown"),
     (0x100, "display_clock_setting"),
 )
-"""Bits of the clock-event reason mask in nvml.h (``nvmlClocksEventReason*``), ``nvml.md`` §1.11."""
+"""Bits of the clock-event reason mask: ``nvmlClocksEventReason*`` in ``nvml.h``."""
 
 EVENTS = "nvmlDeviceGetCurrentClocksEventReasons"
 THROTTLE = "nvmlDeviceGetCurrentClocksThrottleReasons"

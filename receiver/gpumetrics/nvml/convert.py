@@ -6,7 +6,7 @@ counted under ``gpumetrics.values.dropped{reason}``; none of them ever substitut
 
 | NVML unit | OTLP unit | rule | source |
 |---|---|---|---|
-| % (u32) | ratio ``1`` | ÷ 100; outside 0–100 dropped (``out_of_range``) | semconv §1; F24 |
+| % (u32) | ratio ``1`` | ÷ 100; outside 0–100 dropped (``out_of_range``) | semconv hw; F24 |
 | mW (u32) | ``W`` | ÷ 1000; 0xFFFFFFFF dropped (``sentinel``) | power calls |
 | mJ (u64) | ``J`` | ÷ 1000; 2⁶⁴−1 dropped (``sentinel``) | total energy |
 | MHz (u32) | ``Hz`` | × 10⁶; 0xFFFFFFFF or above 100 GHz dropped | clock info |
@@ -15,10 +15,10 @@ counted under ``gpumetrics.values.dropped{reason}``; none of them ever substitut
 | °C | ``Cel`` | as is; outside −100…200 dropped | temperature calls |
 | count (u64) | ``{error}`` | as is; 2⁶⁴−1 dropped | ECC error counts |
 
-**PCIe "KB" is 1024 bytes.** NVML does not say whether KB means 1000 or 1024 bytes (nvml.md
-§1.12) and it is unverified on hardware. We follow nvitop, NVTOP and the OLIT exporter (KiB/s;
-polarsignals uses 1000), so our figures match the tools people compare us with; field case F25
-expects 1024. See ``docs/collection.md``.
+**PCIe "KB" is 1024 bytes.** NVML does not say whether KB means 1000 or 1024 bytes (NVML API
+reference, ``nvmlDeviceGetPcieThroughput``) and it is unverified on hardware. We follow nvitop,
+NVTOP and the OLIT exporter (KiB/s; polarsignals uses 1000), so our figures match the tools
+people compare us with; field case F25 expects 1024. See ``docs/collection.md``.
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@
 
 NVML's cumulative readings count since the driver was last loaded (energy in mJ, ECC errors), so
 they restart from a small value after a driver reload or GPU reset, and they update coarsely
-(energy about every 10 ms, so two reads can be equal) (``nvml.md`` §1.10, F23).
+(energy about every 10 ms, so two reads can be equal) (NVML API reference,
+``nvmlDeviceGetTotalEnergyConsumption``; field case F23).
 
-A :class:`CounterTracker` turns those readings into an OTLP cumulative monotonic Sum
-(``semconv-and-otlp.md`` §2.4):
+A :class:`CounterTracker` turns those readings into an OTLP cumulative monotonic Sum (metrics
+data model, "Sums" and "Cumulative streams: handling unknown start time",
+https://opentelemetry.io/docs/specs/otel/metrics/data-model/):
 
 - the first reading starts a series with ``start_time_unix_nano`` = its own time (a reset at an
   unknown time: the first point contributes no rate);

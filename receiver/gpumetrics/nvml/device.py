@@ -1,6 +1,7 @@
 """Device discovery keyed by UUID, static properties read once, and MIG instances.
 
-Indexes are not stable across reboots or resets (``nvml.md`` §1.14), so every device is keyed by
+Indexes are not stable across reboots or resets (NVML API reference, ``nvmlDeviceGetHandleByIndex``:
+the order may change), so every device is keyed by
 its UUID. Discovery reads ``nvmlDeviceGetCount`` and each index's handle; an index whose handle
 cannot be obtained (UNKNOWN, GPU_IS_LOST, NO_PERMISSION... F10) becomes a placeholder keyed
 ``index:N`` in state ``failed``, probed again on back-off.
@@ -14,7 +15,7 @@ MIG: on a GPU whose current MIG mode is enabled, each populated slot is its own 
 ``hw.id`` = the MIG UUID and ``hw.parent`` = the GPU's UUID, and its GPU/compute-instance ids.
 Board-level values (power, energy, temperature, clocks, PCIe, ECC) are read once, on the parent;
 memory and processes are read per instance, never on the parent, so nothing is counted twice
-(``prior-art.md`` §4 finding 8).
+(dcgm-exporter repeats board values on every MIG instance: NVIDIA/dcgm-exporter issues #317, #353).
 """
 
 from __future__ import annotations

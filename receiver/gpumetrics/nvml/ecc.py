@@ -6,7 +6,8 @@ with reset detection (:mod:`gpumetrics.nvml.counters`). Read every ``errors_inte
 (default 10 s). NOT_SUPPORTED (no ECC, or ECC disabled) disables it for the device.
 
 ``error.type`` is conditionally required "if and only if an error has occurred" (semantic
-conventions ``metric.hw.gpu.errors``; ``semconv-and-otlp.md`` §1 pitfall): a type is emitted
+conventions ``metric.hw.errors``, https://opentelemetry.io/docs/specs/semconv/hardware/common/): a
+type is emitted
 with its attribute once its count is above 0; while no error of any type has occurred, one
 series *without* ``error.type`` carries the 0.
 """

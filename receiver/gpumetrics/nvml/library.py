@@ -1,6 +1,7 @@
 """The NVML session: init with back-off, symbol probing, release/resume, and one shutdown.
 
-Refcount discipline (``shared/reference/nvml.md`` §1.1): NVML counts ``nvmlInit`` calls and
+Refcount discipline (NVML API reference, ``nvmlInit_v2`` and ``nvmlShutdown``,
+https://docs.nvidia.com/deploy/nvml-api/): NVML counts ``nvmlInit`` calls and
 only closes its device nodes when as many ``nvmlShutdown`` calls have been made. A
 :class:`Session` makes at most one successful ``nvmlInit`` at a time and exactly one
 ``nvmlShutdown`` per successful init, whatever happens in between (library failure, release,

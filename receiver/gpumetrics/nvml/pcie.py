@@ -2,7 +2,8 @@
 
 ``nvmlDeviceGetPcieThroughput(handle, counter)`` with ``NVML_PCIE_UTIL_TX_BYTES`` (0, transmit)
 and ``NVML_PCIE_UTIL_RX_BYTES`` (1, receive), each a u32 in KB/s measured over a 20 ms window
-*inside the call* (``nvml.md`` §1.12), so a read costs about 40 ms per GPU. It is read every
+*inside the call* (NVML API reference, ``nvmlDeviceGetPcieThroughput``), so a read costs about
+40 ms per GPU. It is read every
 ``pcie_interval_s`` (default 10 s), not every tick. ``NVML_PCIE_UTIL_COUNT`` (2) is the number
 of counters, never queried (F25). KB is 1024 bytes (:data:`gpumetrics.nvml.convert.PCIE_KB`).
 

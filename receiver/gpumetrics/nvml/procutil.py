@@ -1,8 +1,9 @@
 """Per-process utilisation samples → ``nvidia.gpu.process.utilization`` and memory-copy.
 
-The defect this module exists to avoid (``prior-art.md`` §4 finding 1): the reference design
-passed a pid where ``nvmlDeviceGetProcessUtilization`` expects a last-seen timestamp, then
-stamped every returned sample with that one pid. Here:
+The defect this module exists to avoid: the reference design (polarsignals/gpu-metrics-agent's
+``nvidia.go``, and parca-agent's ``gpumetrics`` package after it) passed a pid where
+``nvmlDeviceGetProcessUtilization`` expects a last-seen timestamp, then stamped every returned
+sample with that one pid. Here:
 
 - **one call per device per tick**, ``nvmlDeviceGetProcessesUtilizationInfo`` where the driver
   has it (~R550+, adds JPEG/OFA) and ``nvmlDeviceGetProcessUtilization`` otherwise (a
@@ -22,7 +23,8 @@ stamped every returned sample with that one pid. Here:
 - INSUFFICIENT_SIZE (samples arriving between the sizing and the data call) is retried like the
   process lists (F20).
 
-Not called on MIG-enabled GPUs, where both APIs are documented unsupported (``nvml.md`` §1.8).
+Not called on MIG-enabled GPUs, where both APIs are documented unsupported (NVML API reference,
+``nvmlDeviceGetProcessUtilization``; field case F08).
 """
 
 from __future__ import annotations

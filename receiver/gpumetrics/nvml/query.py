@@ -1,6 +1,6 @@
 """One choke point for NVML calls: every failure becomes a :class:`QueryError` of a closed kind.
 
-nvidia-ml-py raises three unrelated exception families (``shared/reference/nvml.md`` §1.2):
+nvidia-ml-py raises three unrelated exception families (its ``pynvml.py``):
 ``NVMLError`` and its generated subclasses; ``NVMLLibraryMismatchError``, a plain ``Exception``
 raised by the unversioned process wrappers when a symbol is missing (trap 1); and
 ``UnicodeDecodeError`` from the strict UTF-8 decoding of returned strings (trap 2, field case
@@ -52,7 +52,7 @@ class ErrorKind(enum.StrEnum):
 
 
 _KIND_BY_CODE: dict[int, ErrorKind] = {
-    pynvml.NVML_SUCCESS: ErrorKind.NOT_FOUND,  # SUCCESS on a sizing call: nothing to read (§1.6)
+    pynvml.NVML_SUCCESS: ErrorKind.NOT_FOUND,  # SUCCESS on a sizing call: nothing to read
     pynvml.NVML_ERROR_NOT_SUPPORTED: ErrorKind.UNSUPPORTED,
     pynvml.NVML_ERROR_NO_PERMISSION: ErrorKind.NO_PERMISSION,
     pynvml.NVML_ERROR_GPU_IS_LOST: ErrorKind.GPU_LOST,

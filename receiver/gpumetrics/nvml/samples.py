@@ -12,11 +12,12 @@ clock samples are ``unsigned int`` and the upper bytes of the union may be garba
 unknown value type drops the sample (``unknown_value_type``).
 
 **Clock domain.** NVML documents sample timestamps as "CPU timestamp in µs"; most hosts give
-Unix-epoch µs, but at least one platform counts from boot (``nvml.md`` §1.4). :class:`TimeBase`
-decides per timestamp: values at or above :data:`EPOCH_THRESHOLD_US` (2001-09-09, about 31
-years of uptime) are epoch µs; smaller values are µs since boot and are shifted by the host's
-boot time (Unix ns). Only the converted time goes into points; cursors stay in the driver's
-domain.
+Unix-epoch µs, but at least one platform counts from boot (found by polarsignals, whose
+gpu-metrics-agent shifts sample times for it: https://github.com/polarsignals/gpu-metrics-agent).
+:class:`TimeBase` decides per timestamp: values at or above :data:`EPOCH_THRESHOLD_US`
+(2001-09-09, about 31 years of uptime) are epoch µs; smaller values are µs since boot and are
+shifted by the host's boot time (Unix ns). Only the converted time goes into points; cursors
+stay in the driver's domain.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ class CollectionSettings(BaseModel):
       fallback), memory, power, energy, temperature, clocks, clock-event reasons and the
       per-process lists and utilisation samples are read once per tick.
     - ``pcie_interval_s`` (10.0): PCIe throughput. Each ``nvmlDeviceGetPcieThroughput`` call
-      blocks about 20 ms by design (NVML reference §1.12), 40 ms per GPU per read, so it is
+      blocks about 20 ms by design (NVML API reference), 40 ms per GPU per read, so it is
       read on a slow cadence; 0 disables it.
     - ``errors_interval_s`` (10.0): volatile ECC counts (``hw.errors``); 0 disables them.
     - ``mig_interval_s`` (30.0): re-enumeration of MIG instances (also done at once after a MIG

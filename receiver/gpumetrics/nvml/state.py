@@ -15,7 +15,8 @@ States are the semantic conventions' ``hw.state`` values (``metric.hw.gpu.status
 - ``predicted_failure`` is part of the enum but never entered (NVML gives no prediction).
 
 ``hw.status`` is emitted for every state each tick (1 for the current, 0 for the others, so no
-stale 1 lingers; semantic-conventions pitfall in ``semconv-and-otlp.md`` §1).
+stale 1 lingers; semantic conventions, ``hw.status``: "all possible states" are reported,
+https://opentelemetry.io/docs/specs/semconv/hardware/common/).
 """
 
 from __future__ import annotations

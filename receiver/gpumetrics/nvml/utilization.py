@@ -10,7 +10,7 @@
 - Percentages become ratios 0–1; a value outside 0–100 % (808334905 seen on H100, F24) is dropped
   and counted, never clamped.
 
-On a MIG-enabled GPU all of these answer NOT_SUPPORTED (``nvml.md`` §1.8): each is called once
+On a MIG-enabled GPU all of these answer NOT_SUPPORTED (field case F08): each is called once
 and then disabled for the device (F08).
 """
 

@@ -1,7 +1,9 @@
 """The sidecar runtime: :class:`Sidecar` wires collector → producer → batcher → store → server.
 
 :mod:`.batcher` moves collections into the store on an interval; :mod:`.sidecar` builds and
-starts/stops the components; :mod:`.run` runs them standalone or as a go-plugin plugin.
+starts/stops the components; :mod:`.run` runs them standalone or as a go-plugin plugin;
+:mod:`.simulation` installs the simulated driver for ``--simulate`` (the only importer of
+``nvmlsim``).
 """
 
 from gpumetrics.runtime.batcher import Batcher
@@ -10,8 +12,8 @@ from gpumetrics.runtime.sidecar import (
     Sidecar,
     SidecarParts,
     default_collector_factory,
-    install_simulation,
 )
+from gpumetrics.runtime.simulation import install_simulation
 
 __all__ = [
     "Batcher",

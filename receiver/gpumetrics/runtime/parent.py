@@ -1,6 +1,7 @@
 """Parent-death detection for go-plugin mode: the host died without calling Shutdown.
 
-go-plugin does not make the child die with its parent (reference ``subprocess-protocol.md`` §1.7):
+go-plugin does not make the child die with its parent (hashicorp/go-plugin ``client.go``: the host
+kills the plugin only from ``Client.Kill``):
 a SIGKILLed collector would leave the sidecar orphaned, so the sidecar watches its parent pid.
 """
 
@@ -20,7 +21,7 @@ class ParentWatcher:
     """Calls ``on_parent_death`` once when ``getppid()`` changes (the host died, we were adopted).
 
     Polling is used instead of ``prctl(PR_SET_PDEATHSIG)`` because that signal fires when the
-    *thread* that forked us exits, and the Go runtime retires threads (reference §1.7).
+    *thread* that forked us exits (prctl(2)), and the Go runtime retires threads.
 
     Args:
         on_parent_death: called from the watcher thread.

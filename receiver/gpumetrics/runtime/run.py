@@ -3,7 +3,9 @@
 Standalone: SIGTERM and SIGINT request a graceful shutdown within
 ``runtime.shutdown_timeout_s``; exit 0.
 
-go-plugin (checklist of ``subprocess-protocol.md`` §1.11): the caller already redirected fd 1 to
+go-plugin (hashicorp/go-plugin's guide to non-Go plugins,
+https://github.com/hashicorp/go-plugin/blob/main/docs/guide-plugin-write-non-go.md, and
+``server.go``): the caller already redirected fd 1 to
 stderr and kept the real stdout for :func:`serve_plugin`. The cookie and the host's variables
 are checked; the server gets a listener chosen by the plugin protocol (unix socket in a private
 directory, or 127.0.0.1 in the host's port range) plus go-plugin's Controller and Stdio

@@ -31,6 +31,7 @@ from gpumetrics.identity import (
 from gpumetrics.metrics import Producer
 from gpumetrics.nvml.context import DEFAULT_PID_MAX
 from gpumetrics.runtime.batcher import Batcher
+from gpumetrics.runtime.simulation import install_simulation, uninstall_simulation
 from gpumetrics.selftelemetry import Telemetry
 from gpumetrics.service import ServerSettings, SidecarHealth, SidecarServer
 from gpumetrics.service.push import PushExporter
@@ -69,37 +70,6 @@ def default_collector_factory(
 
     collector: CollectorLike = Collector(producer, settings, telemetry=telemetry)
     return collector
-
-
-def install_simulation(spec: str) -> bool:
-    """Install the simulated NVML driver beneath nvidia-ml-py.
-
-    ``spec`` is a built-in profile name, ``default`` (the simulator's default profile), or the
-    path of a scenario file.
-
-    Returns:
-        True when this call installed it (the caller uninstalls it at shutdown), False when a
-        simulated driver was already installed and is used as it is.
-
-    Raises:
-        ConfigError: naming ``runtime.simulate`` when the profile or file cannot be loaded.
-
-    """
-    from gpumetrics.nvml import sim
-
-    try:
-        scenario = sim.load_scenario(sim.DEFAULT_PROFILE if spec == "default" else spec)
-        sim.install(scenario, clock=sim.WallClock())
-    except sim.ScenarioError as exc:
-        raise ConfigError([f"'runtime.simulate': {exc}"]) from None
-    except sim.AlreadyInstalledError:
-        log.info("a simulated driver is already installed; using it")
-        return False
-    log.warning(
-        "SIMULATED GPUs: readings come from the simulated NVML driver (%s), not from hardware",
-        spec,
-    )
-    return True
 
 
 @dataclass
@@ -307,9 +277,7 @@ class Sidecar:
         if p.push is not None:
             p.push.shutdown(flush_timeout_s=left(1.0))
         if self._owns_simulation:  # after nvmlShutdown: leave pynvml as this sidecar found it
-            from gpumetrics.nvml import sim
-
-            sim.uninstall()
+            uninstall_simulation()
             self._owns_simulation = False
         log.info("stopped", extra={"clean": clean})
         return clean

@@ -1,6 +1,7 @@
 """gRPC health for the sidecar: ``grpc_health.v1.health.HealthServicer`` with a readiness switch.
 
-Names (``shared/reference/semconv-and-otlp.md`` §3): ``""`` (the whole server) and each served
+Names (gRPC health checking protocol, https://github.com/grpc/grpc/blob/master/doc/health-checking.md;
+``plugin`` as go-plugin's host checks it): ``""`` (the whole server) and each served
 service (``gpumetrics.v1.MetricsPullService``, ``gpumetrics.v1.ProfilerIntegrationService``)
 start NOT_SERVING, and turn SERVING when the sidecar calls :meth:`SidecarHealth.mark_ready`
 after its first collection has been stored. :meth:`SidecarHealth.enter_graceful_shutdown` makes

@@ -1,8 +1,9 @@
 """go-plugin mode: what the sidecar does when an OpenTelemetry Collector starts it as a plugin.
 
-Implements the plugin side of HashiCorp go-plugin's subprocess protocol as described in
-``shared/reference/subprocess-protocol.md`` Part 1 (checklist §1.11), with the handshake values
-of ``docs/architecture.md``:
+Implements the plugin side of HashiCorp go-plugin's subprocess protocol
+(https://github.com/hashicorp/go-plugin/blob/main/docs/guide-plugin-write-non-go.md,
+https://github.com/hashicorp/go-plugin/blob/main/docs/internals.md, and go-plugin's
+``client.go`` and ``server.go``), with the handshake values of ``docs/architecture.md``:
 
 * the magic cookie :data:`COOKIE_KEY` = :data:`COOKIE_VALUE` (a UX check, not security);
 * app protocol version negotiation with ``PLUGIN_PROTOCOL_VERSIONS`` (highest shared; else our
@@ -19,8 +20,9 @@ of ``docs/architecture.md``:
 **AutoMTLS is not supported.** go-plugin's host generates an ECDSA **P-521** client certificate;
 grpcio's BoringSSL (checked with grpcio 1.85.1) does not offer ECDSA+SHA512 in its
 CertificateRequest, so the TLS handshake fails with ``NO_COMMON_SIGNATURE_ALGORITHMS``
-(reference §1.9). When ``PLUGIN_CLIENT_CERT`` is set the sidecar refuses to start with
-:class:`AutoMTLSUnsupportedError` instead of sending a certificate field the host could not use.
+(go-plugin ``mtls.go`` generates the P-521 key). When ``PLUGIN_CLIENT_CERT`` is set the sidecar
+refuses to start with :class:`AutoMTLSUnsupportedError` instead of sending a certificate field
+the host could not use.
 The private unix socket directory (``0700``) is the access control, as for Go plugins.
 """
 
@@ -289,7 +291,7 @@ def handshake_line(app_version: int, listener: PluginListener, multiplex: bool =
     r"""Return the go-plugin handshake line, with its trailing newline.
 
     Field 6 (AutoMTLS certificate) is never sent; field 7 (``false``: no broker multiplexing) only
-    when the host asked (reference §1.3).
+    when the host asked (go-plugin ``server.go``, ``PLUGIN_MULTIPLEX_GRPC``).
 
     >>> handshake_line(1, PluginListener("tcp", "127.0.0.1:10000"))
     '1|1|tcp|127.0.0.1:10000|grpc\n'

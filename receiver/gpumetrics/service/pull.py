@@ -5,7 +5,7 @@ result onto ``PullResponse`` (semantics in ``docs/protocol.md``). Errors (``pull
 
 * INVALID_ARGUMENT naming the field: a bad or reserved ``consumer``, or a negative
   ``previous_outcome.rejected_data_points``;
-* UNAVAILABLE before the first collection has been stored (retryable, OTLP §2.1);
+* UNAVAILABLE before the first collection has been stored (retryable in OTLP's failure rules);
 * RESOURCE_EXHAUSTED when a new consumer would exceed ``StoreLimits.max_consumers``.
 
 UNAUTHENTICATED / PERMISSION_DENIED (token checks) and RESOURCE_EXHAUSTED for oversized requests

@@ -5,8 +5,9 @@ it pulls what the store holds after its cursor, exports it, and acknowledges a b
 the collector accepted it, so a collector outage loses nothing until the store's own limits
 (which count every dropped point) force data out.
 
-Retry follows the OpenTelemetry Python OTLP gRPC exporter (style §3, item 13) and the OTLP
-specification (reference ``semconv-and-otlp.md`` §2.1):
+Retry follows the OpenTelemetry Python OTLP gRPC exporter (``exporter/opentelemetry-exporter-otlp-
+proto-grpc``, ``exporter.py``) and the OTLP specification's failure rules
+(https://opentelemetry.io/docs/specs/otlp/#failures):
 
 * retryable codes: :data:`RETRYABLE_CODES`, plus ``RESOURCE_EXHAUSTED`` only when the server
   attached ``google.rpc.RetryInfo``; anything else is permanent;
