@@ -4,7 +4,9 @@ Two modes (:class:`~gpumetrics.identity.modes.IdentityMode`, ``docs/identity.md`
 
 ``profiler`` (default): the resource equals the process's profile resource.
 
-* Declared with a ``profiler_resource``: exactly those attributes (keys, value types, values).
+* Declared with a ``profiler_resource``: exactly those attributes (keys, value types, values),
+  except that ``process.pid`` is always the int pid (as the profiler itself sets it, and as the
+  Producer enforces for every per-process resource).
 * Otherwise: :func:`~gpumetrics.identity.modes.profiler_resource`, the keys the eBPF profiler
   computes for the same process (``process.pid``, ``process.executable.*``, ``container.id``,
   ``process.environment_variable.<NAME>`` for the configured names).
@@ -316,7 +318,9 @@ class ProcessResourcer:
 
         if self._mode is IdentityMode.PROFILER:
             if profiler:
-                return dict(profiler)  # the profile's resource, attribute for attribute
+                # the profile's resource, attribute for attribute; process.pid is the key the
+                # producer always sets to the int pid (the eBPF profiler's own value)
+                return {**profiler, "process.pid": pid}
             return self._own(pid, info)
 
         env = env_resource(environ, empty_service_name_is_set=self._empty_sn)

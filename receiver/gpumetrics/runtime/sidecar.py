@@ -24,7 +24,9 @@ from typing import Any, Protocol
 from gpumetrics.config import ConfigError, SidecarConfig
 from gpumetrics.identity import (
     DeclaredStore,
+    IdentityMode,
     ProcfsReader,
+    check_profiler_mode_rules,
     load_relabel_configs,
     new_process_resourcer,
 )
@@ -194,7 +196,11 @@ class Sidecar:
         ident = config.identity
         telemetry = Telemetry()
         health = SidecarHealth()
-        procfs = ProcfsReader(ident.proc_root, host_pid_namespace=ident.host_pid_namespace)
+        procfs = ProcfsReader(
+            ident.proc_root,
+            host_pid_namespace=ident.host_pid_namespace,
+            include_env_vars=ident.include_env_vars,
+        )
         declared = DeclaredStore(
             **ident.declared.model_dump(),
             pid_max=config.collection.pid_max or DEFAULT_PID_MAX,
@@ -211,10 +217,11 @@ class Sidecar:
             declared,
             node,
             in_k8s,
-            _relabel_rules(ident.relabel_config),
+            _relabel_rules(ident.relabel_config, ident.mode),
             procfs=procfs,
             host_name=ident.host_name,
             read_process_context=ident.read_process_context,
+            mode=ident.mode,
         )
         producer = Producer(
             host_attributes=_host_attributes(config, node, in_k8s),
@@ -315,12 +322,15 @@ class Sidecar:
         return clean
 
 
-def _relabel_rules(path: str | None) -> Any:
+def _relabel_rules(path: str | None, mode: IdentityMode) -> Any:
     if path is None:
         return ()
     try:
         with open(path, "rb") as f:
-            return load_relabel_configs(f.read())
+            rules = load_relabel_configs(f.read())
+        if mode is IdentityMode.PROFILER:
+            check_profiler_mode_rules(rules)
+        return rules
     except OSError as exc:
         raise ConfigError([f"'identity.relabel_config': {path}: {exc.strerror or exc}"]) from None
     except ValueError as exc:
