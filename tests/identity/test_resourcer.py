@@ -38,6 +38,20 @@ def build(case: dict[str, Any], root: Path, **kw: Any) -> tuple[ProcessResourcer
     return build_case(case, root, ENRICHED, **kw)
 
 
+def enriched(root: Path, resolver: Any = None, **kw: Any) -> ProcessResourcer:
+    """An enriched-mode resourcer over the fake procfs at ``root``, no OTEL_CTX reader."""
+    return new_process_resourcer(
+        resolver,
+        None,
+        "n",
+        False,
+        procfs=ProcfsReader(str(root)),
+        read_process_context=False,
+        mode=ENRICHED,
+        **kw,
+    )
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0
@@ -165,15 +179,7 @@ def test_cache_hits_and_invalidation(tmp_path: Path) -> None:
 
 def test_cache_is_bounded(tmp_path: Path) -> None:
     make_proc(tmp_path, None)
-    r = new_process_resourcer(
-        None,
-        None,
-        "n",
-        False,
-        procfs=ProcfsReader(str(tmp_path)),
-        read_process_context=False,
-        cache_size=2,
-    )
+    r = enriched(tmp_path, cache_size=2)
     for pid in (1, 2, 3, 4):
         r.resource(pid)
     assert r.stats()["cached"] == 2
@@ -186,16 +192,7 @@ def test_resolver_failure_is_counted_not_raised(tmp_path: Path, caplog) -> None:
         def labels_for_pid(self, pid: int) -> dict[str, str]:
             raise RuntimeError("kubelet unreachable")
 
-    r = new_process_resourcer(
-        Broken(),
-        None,
-        "n",
-        False,
-        procfs=ProcfsReader(str(tmp_path)),
-        read_process_context=False,
-        procfs_ttl_ns=0,
-        mode=ENRICHED,
-    )
+    r = enriched(tmp_path, Broken(), procfs_ttl_ns=0)
     caplog.set_level("DEBUG", logger="gpumetrics.identity.resourcer")
     assert r.resource(PID) is not None
     assert r.resource(PID) is not None
@@ -206,15 +203,7 @@ def test_resolver_failure_is_counted_not_raised(tmp_path: Path, caplog) -> None:
 
 def test_env_errors_counted(tmp_path: Path) -> None:
     make_proc(tmp_path, {"start": 500, "comm": "py", "environ": {"OTEL_RESOURCE_ATTRIBUTES": "a"}})
-    r = new_process_resourcer(
-        None,
-        None,
-        "n",
-        False,
-        procfs=ProcfsReader(str(tmp_path)),
-        read_process_context=False,
-        mode=ENRICHED,
-    )
+    r = enriched(tmp_path)
     r.resource(PID)
     assert r.stats()["env_discarded"] == 1
 

@@ -237,7 +237,7 @@ def test_soak(form, figures, timed) -> None:
             n = len(services)
             for pid, service in services.items():
                 if pid in churn.reused_pids:
-                    key = "declared" if service.startswith("svc-") else "fallback"
+                    key = "declared" if service.startswith("svc-") else "undeclared"
                     reused_checks[key] = reused_checks.get(key, 0) + 1
             assert node.health_status() == SERVING
             stats = node.store.stats()
