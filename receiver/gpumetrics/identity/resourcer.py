@@ -289,14 +289,16 @@ class ProcessResourcer:
         ctx: ProcessContext | None,
     ) -> dict[str, AttrValue] | None:
         profiler = declared.profiler_attributes if declared is not None else {}
-        needs_procfs = self._mode is IdentityMode.ENRICHED or bool(self._rules) or not profiler
+        enriched = self._mode is IdentityMode.ENRICHED
+        # profiler mode reads procfs only for its own rules or relabel input
+        needs_procfs = enriched or bool(self._rules) or not profiler
         info = self._procfs.read(pid) if live is not None and needs_procfs else None
         environ: Mapping[str, bytes] = {}
         if declared is not None and declared.environment:
             environ = declared.environment
         elif info is not None and info.environ:
             environ = info.environ
-        resolved = self._resolver_labels(pid)
+        resolved = self._resolver_labels(pid) if enriched or self._rules else {}
 
         relabeled: dict[str, str] = {}
         if self._rules:
@@ -316,7 +318,7 @@ class ProcessResourcer:
                 return None
             relabeled = labels_to_attributes(out)
 
-        if self._mode is IdentityMode.PROFILER:
+        if not enriched:
             if profiler:
                 # the profile's resource, attribute for attribute; process.pid is the key the
                 # producer always sets to the int pid (the eBPF profiler's own value)

@@ -256,7 +256,15 @@ class Sidecar:
         p.batcher.start()
         if p.push is not None:
             p.push.start()
-        log.info("sidecar started", extra={"listen": ",".join(p.server.addresses.listen)})
+        ident = self.config.identity
+        log.info(
+            "sidecar started",
+            extra={
+                "listen": ",".join(p.server.addresses.listen),
+                "identity_mode": str(ident.mode),
+                "include_env_vars": ",".join(ident.include_env_vars),
+            },
+        )
 
     def request_stop(self, reason: str) -> None:
         """Ask the main thread to shut down (signal handlers and RPC handlers call this)."""
