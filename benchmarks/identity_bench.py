@@ -1,6 +1,7 @@
 """Benchmark of gpumetrics.identity at scale (not a test): lookups/s and memory per process.
 
-Run: ``python benchmarks/identity_bench.py [--processes 100000] [--seconds 2]``
+Run: ``python benchmarks/identity_bench.py [--processes 100000] [--seconds 2]
+[--mode profiler|enriched]`` (the resourcer's ``identity.mode``; default ``profiler``)
 
 Measures, with N declared processes carrying realistic payloads (a 7-key SDK process context
 as the C publisher writes it, OTEL_SERVICE_NAME + OTEL_RESOURCE_ATTRIBUTES, and a 5-key profiler
@@ -27,6 +28,7 @@ import tracemalloc
 from collections.abc import Callable
 
 from gpumetrics.identity.attrs import to_key_values
+from gpumetrics.identity.cgroup import container_id
 from gpumetrics.identity.ctxproto import encode_process_context
 from gpumetrics.identity.declared import DeclaredStore
 from gpumetrics.identity.procfs import ProcessInfo, ProcfsReader
@@ -90,17 +92,20 @@ class MemoryProcfs(ProcfsReader):
         start = self.starts.get(pid)
         if start is None:
             return None
+        cgroup = "0::/kubepods/besteffort/pod1/" + f"{pid:064x}"
         return ProcessInfo(
             pid=pid,
             start_time_ticks=start,
             ppid=1,
             comm="python3",
-            exe_path="/usr/bin/python3.11",
+            exe_target="/usr/bin/python3.11",
             cmdline=("python3", "train.py"),
             uid=1000,
             owner=None,
             environ=None,
-            cgroup="0::/kubepods/besteffort/pod1/" + f"{pid:064x}",
+            env_vars={"OTEL_SERVICE_NAME": b"trainer"},
+            cgroup=cgroup,
+            container_id=container_id(cgroup),
         )
 
 
@@ -120,6 +125,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--processes", type=int, default=100_000)
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--mode", choices=["profiler", "enriched"], default="profiler")
     args = ap.parse_args()
     n, secs = args.processes, args.seconds
 
@@ -173,7 +179,7 @@ def main() -> None:
 
     mem_procfs = MemoryProcfs(starts)
     resourcer = new_process_resourcer(
-        None, store, "node-1", True, procfs=mem_procfs, read_process_context=False
+        None, store, "node-1", True, procfs=mem_procfs, read_process_context=False, mode=args.mode
     )
     t0 = time.perf_counter()
     for pid in pids:
@@ -181,7 +187,7 @@ def main() -> None:
     cold_s = time.perf_counter() - t0
     # memory of the resourcer's cache: a second resourcer filled under tracemalloc
     traced_resourcer = new_process_resourcer(
-        None, store, "node-1", True, procfs=mem_procfs, read_process_context=False
+        None, store, "node-1", True, procfs=mem_procfs, read_process_context=False, mode=args.mode
     )
     gc.collect()
     tracemalloc.start()
@@ -200,7 +206,7 @@ def main() -> None:
 
     warm_rate = _rate(warm_cycle, secs)
 
-    live = new_process_resourcer(None, real, "node-1", False, procfs=procfs)
+    live = new_process_resourcer(None, real, "node-1", False, procfs=procfs, mode=args.mode)
     live.put_resource(me, {})
 
     def live_cycle() -> int:
@@ -210,7 +216,10 @@ def main() -> None:
 
     live_rate = _rate(live_cycle, secs)
 
-    print(f"gpumetrics.identity benchmark: {n} declared processes, {os.cpu_count()} CPUs")
+    print(
+        f"gpumetrics.identity benchmark: {n} declared processes, {os.cpu_count()} CPUs, "
+        f"identity.mode {args.mode}"
+    )
     print(f"  declare:                      {n / declare_s:12,.0f} declarations/s")
     print(f"  memory per declared process:  {traced / n:12,.0f} B (tracemalloc)")
     print(f"                                {rss / n:12,.0f} B (RSS delta)")

@@ -53,7 +53,20 @@ def test_pull_no_ack_leaves_the_cursor(running, capsys):
     assert "hw.power" in out
 
 
-def test_declare_then_pull_shows_the_declared_service_name(running, capsys):
+def _process_resources(out: str, pid: int) -> list[dict]:
+    request = json_format.Parse(out, metrics_service_pb2.ExportMetricsServiceRequest())
+    found = []
+    for rm in request.resource_metrics:
+        attrs = {kv.key: json_format.MessageToDict(kv.value) for kv in rm.resource.attributes}
+        if attrs.get("process.pid") == {"intValue": str(pid)}:
+            found.append(attrs)
+    return found
+
+
+def test_declare_then_pull_shows_the_declared_resource(running, capsys):
+    """`declare` sends a resource shaped like the eBPF profiler's for this live process
+    (pid, executable from /proc, the --env as process.environment_variable.*, the --attr), and
+    in profiler mode (the default) the process's GPU resource is exactly that resource."""
     sidecar, address = running
     pid = os.getpid()
     code, out, err = run(
@@ -65,7 +78,7 @@ def test_declare_then_pull_shows_the_declared_service_name(running, capsys):
         "--env",
         "OTEL_SERVICE_NAME=trainer",
         "--attr",
-        "container.id=abc",
+        "service.name=trainer-apm",
     )
     assert (code, out.strip(), err) == (0, "accepted 1", "")
     sidecar.parts.producer.record_process(
@@ -73,14 +86,40 @@ def test_declare_then_pull_shows_the_declared_service_name(running, capsys):
     )
     sidecar.parts.batcher.run_once()
     code, out, _ = run(capsys, "pull", address, "--consumer", "d")
-    request = json_format.Parse(out, metrics_service_pb2.ExportMetricsServiceRequest())
-    services = {
-        kv.value.string_value
-        for rm in request.resource_metrics
-        for kv in rm.resource.attributes
-        if kv.key == "service.name"
+    exe = os.readlink(f"/proc/{pid}/exe")
+    expected = {
+        "process.pid": {"intValue": str(pid)},
+        "process.executable.path": {"stringValue": exe},
+        "process.executable.name": {"stringValue": os.path.basename(exe)},
+        "process.environment_variable.OTEL_SERVICE_NAME": {"stringValue": "trainer"},
+        "service.name": {"stringValue": "trainer-apm"},
     }
-    assert "trainer" in services
+    with open(f"/proc/{pid}/cgroup", "rb") as f:
+        from gpumetrics.identity.cgroup import container_id
+
+        cid = container_id(f.read())
+    if cid:
+        expected["container.id"] = {"stringValue": cid}
+    assert _process_resources(out, pid) == [expected]
+
+
+def test_declare_with_a_start_time_sends_only_what_it_is_given(capsys):
+    from gpumetrics.cli.client import build_declaration
+    from gpumetrics.cli.parser import build_parser
+    from opentelemetry.proto.resource.v1 import resource_pb2
+
+    args = build_parser().parse_args(
+        ["declare", "x:1", "--pid", "41201", "--start-time-ticks", "0", "--env", "A=b=c",
+         "--attr", "service.name=trainer"]
+    )  # fmt: skip
+    decl = build_declaration(args)
+    res = resource_pb2.Resource.FromString(decl.profiler_resource)
+    assert {kv.key: json_format.MessageToDict(kv.value) for kv in res.attributes} == {
+        "process.pid": {"intValue": "41201"},
+        "process.environment_variable.A": {"stringValue": "b=c"},
+        "service.name": {"stringValue": "trainer"},
+    }
+    assert [(e.name, e.value) for e in decl.environment] == [("A", b"b=c")]
 
 
 def test_declare_rejection_exits_3_and_prints_the_field(running, capsys):
@@ -90,14 +129,12 @@ def test_declare_rejection_exits_3_and_prints_the_field(running, capsys):
         "declare",
         address,
         "--pid",
-        str(os.getpid()),
+        "4194305",
         "--start-time-ticks",
         "1",
-        "--env",
-        "NOT_OTEL=x",
     )
     assert code == 3
-    assert out.startswith("accepted 0") and "rejected pid" in out
+    assert out.startswith("accepted 0") and "rejected pid 4194305: processes[0].pid:" in out
 
 
 def test_declare_reads_the_start_time_from_proc(tmp_path, capsys):

@@ -143,6 +143,28 @@ def test_a_missing_relabel_file_is_a_config_error_naming_the_setting(tmp_path):
         Sidecar(cfg, collector_factory=StubCollector)
 
 
+def test_a_label_writing_relabel_rule_is_refused_in_profiler_mode(tmp_path):
+    rules = tmp_path / "relabel.yaml"
+    rules.write_text(
+        "relabel_configs:\n"
+        "  - {source_labels: [comm], regex: sshd, action: drop}\n"
+        "  - {source_labels: [__meta_kubernetes_namespace], target_label: namespace}\n"
+    )
+    cfg = config(identity={"relabel_config": str(rules)})
+    with pytest.raises(ConfigError) as err:
+        Sidecar(cfg, collector_factory=StubCollector)
+    assert err.value.errors == [
+        f"'identity.relabel_config': {rules}: relabel_configs[1].target_label: action replace "
+        "writes label 'namespace'; identity.mode 'profiler' adds no label to a resource (it must "
+        "equal the profile resource), so only keep/drop rules and temporary '__' labels are "
+        "allowed; set identity.mode to 'enriched' to add labels"
+    ]
+    Sidecar(  # the same file is fine in enriched mode
+        config(identity={"relabel_config": str(rules), "mode": "enriched"}),
+        collector_factory=StubCollector,
+    ).shutdown(5)
+
+
 def test_kubernetes_node_goes_to_k8s_node_name(make_sidecar):
     cfg = config(identity={"node_name": "node-7", "in_kubernetes": True})
     sidecar, collector, _ = make_sidecar(cfg)

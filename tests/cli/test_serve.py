@@ -60,6 +60,7 @@ def test_serve_simulate_then_pull_json_shows_device_metrics_and_sigterm_exits_0(
             assert record is not None, "".join(stderr)
             if record["@message"] == "sidecar started":
                 address = record["listen"]
+                assert record["identity_mode"] == "profiler"  # the default, logged at start
         with grpc.insecure_channel(address) as channel:
             watch = health_pb2_grpc.HealthStub(channel).Watch(
                 health_pb2.HealthCheckRequest(service=""), timeout=60

@@ -70,6 +70,23 @@ def test_list_and_map_variables():
     assert cfg.collection.disabled_metrics == frozenset({"hw.errors"})
 
 
+def test_identity_mode_and_variables_from_variables_and_flags():
+    from gpumetrics.cli.parser import build_parser, serve_overrides
+
+    cfg = default_config()
+    assert cfg.identity.mode == "profiler" and cfg.identity.include_env_vars == ()
+    # the eBPF profiler's -env-vars value works unchanged (split on ',', trimmed, blanks dropped)
+    env = {"GPUMETRICS_INCLUDE_ENV_VARS": " A , ,B", "GPUMETRICS_IDENTITY_MODE": "enriched"}
+    cfg = load_config(None, env)
+    assert cfg.identity.mode == "enriched" and cfg.identity.include_env_vars == ("A", "B")
+    args = build_parser().parse_args(
+        ["serve", "--identity-mode", "profiler", "--include-env-vars", "OTEL_SERVICE_NAME, X"]
+    )
+    cfg = load_config(None, env, serve_overrides(args))
+    assert cfg.identity.mode == "profiler"
+    assert cfg.identity.include_env_vars == ("OTEL_SERVICE_NAME", "X")
+
+
 def test_proc_root_reaches_the_collection_settings():
     cfg = load_config(None, {"GPUMETRICS_PROC_ROOT": "/host/proc"})
     assert cfg.collection.proc_root == "/host/proc"
@@ -110,6 +127,18 @@ def errors_of(*args, **kwargs):
         (
             "identity: {proc_root: proc}",
             "'identity.proc_root' (from {f}): must be an absolute path",
+        ),
+        (
+            "identity: {mode: exact}",
+            "'identity.mode' (from {f}): Input should be 'profiler' or 'enriched'",
+        ),
+        (
+            "identity: {include_env_vars: OTEL_SERVICE_NAME}",
+            "'identity.include_env_vars' (from {f}): must be a list of environment variable names",
+        ),
+        (
+            "identity: {include_env_vars: [OTEL_SERVICE_NAME, 'A=B']}",
+            "'identity.include_env_vars' (from {f}): [1]: 'A=B' cannot contain '=' or NUL",
         ),
         (
             "identity: {declared: {max_processes: 0}}",

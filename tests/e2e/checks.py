@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 
+from gpumetrics.identity.cgroup import container_id
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
@@ -11,14 +13,42 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from .otlp import FlatPoint, duplicates, process_resources
 
-# What the test declares for the process on GPU 0 (OTEL_* variables a profiler captured, and an
-# attribute the profiler itself puts on the process's profiles).
+# The GPU stand-in processes carry CAPTURED_VARIABLE; the declared one also DECLARED_ENV. The
+# sidecar is configured to capture INCLUDE_ENV_VARS, as the profiler would be (-env-vars).
+# `gpumetrics declare` plays the profiler: it declares the resource the eBPF profiler gives the
+# process (pid, executable and container id from /proc, process.environment_variable.* of
+# each --env) plus DECLARED_ATTRS, which only a profiler knows (an APM agent's service.name).
 DECLARED_SERVICE = "e2e-trainer"
+CAPTURED_VARIABLE = "E2E_GPU_ROLE"
 DECLARED_ENV = {
     "OTEL_SERVICE_NAME": DECLARED_SERVICE,
     "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=e2e",
 }
-DECLARED_ATTRS = {"profiler.name": "gpumetrics-e2e"}
+INCLUDE_ENV_VARS = (CAPTURED_VARIABLE, *DECLARED_ENV)
+DECLARED_ATTRS = {"service.name": DECLARED_SERVICE, "profiler.name": "gpumetrics-e2e"}
+
+
+def declared_env(role: str) -> dict[str, str]:
+    """The environment `gpumetrics declare` reports for the declared process."""
+    return {CAPTURED_VARIABLE: role, **DECLARED_ENV}
+
+
+def own_resource(pid: int, env: dict[str, str]) -> dict[str, AnyValue]:
+    """The resource the eBPF profiler's rules give ``pid`` (docs/identity.md), computed here
+    from /proc: ``readlink`` of its exe, its cgroup file, and the captured ``env``."""
+    exe = os.readlink(f"/proc/{pid}/exe")
+    with open(f"/proc/{pid}/cgroup", "rb") as f:
+        cid = container_id(f.read())  # the rule is tested on the profiler's own strings
+    res = {
+        "process.pid": AnyValue(int_value=pid),
+        "process.executable.path": AnyValue(string_value=exe),
+        "process.executable.name": AnyValue(string_value=exe.rsplit("/", 1)[-1]),
+        **{f"process.environment_variable.{k}": AnyValue(string_value=v) for k, v in env.items()},
+    }
+    if cid is not None:
+        res["container.id"] = AnyValue(string_value=cid)
+    return res
+
 
 DEVICE_METRICS = ("hw.gpu.utilization", "hw.gpu.memory.usage", "hw.power")
 
@@ -65,26 +95,40 @@ def count_declared_requests(requests: Sequence[ExportMetricsServiceRequest], pid
 def assert_process_resources(
     requests: Sequence[ExportMetricsServiceRequest], declared_pid: int, other_pid: int
 ) -> None:
-    """The declared process's resource carries the declared ``service.name``, what the
-    profiler captured, and ``process.pid`` as an int; the undeclared one never gets the
-    declared name."""
+    """identity.mode profiler, end to end. The declared process's GPU resource is exactly the
+    resource that was declared (nothing added: no host.name, no service.name fallback); before
+    the declaration it was the same less DECLARED_ATTRS (the profiler's rules, as the profiler
+    computes them). The undeclared process's resource is exactly the profiler's rules' one."""
+    before = own_resource(declared_pid, declared_env("declared"))
+    after = {**before, **{k: AnyValue(string_value=v) for k, v in DECLARED_ATTRS.items()}}
     found = declared_resources(requests, declared_pid)
     assert found, (
         f"no resource with process.pid={declared_pid} (int) and service.name={DECLARED_SERVICE}; "
         f"per-process resources seen: {describe_process_resources(requests)}"
     )
-    last = found[-1]
-    assert last["deployment.environment.name"].string_value == "e2e"  # OTEL_RESOURCE_ATTRIBUTES
-    assert last["profiler.name"].string_value == DECLARED_ATTRS["profiler.name"]
+    for raw in found:
+        assert raw == after, f"declared: {describe([raw])}\nwant {describe([after])}"
+    earlier = [
+        raw
+        for raw in process_resources(requests)
+        if raw["process.pid"].int_value == declared_pid and "service.name" not in raw
+    ]
+    for raw in earlier:
+        assert raw == before, f"before declaring: {describe([raw])}\nwant {describe([before])}"
     others = [
         raw for raw in process_resources(requests) if raw["process.pid"].int_value == other_pid
     ]
     assert others, f"no resource for the undeclared pid {other_pid}"
+    want = own_resource(other_pid, {CAPTURED_VARIABLE: "undeclared"})
     for raw in others:
-        assert raw["process.pid"].WhichOneof("value") == "int_value"
-        assert raw.get("service.name") is None or (
-            raw["service.name"].string_value != DECLARED_SERVICE
-        )
+        assert raw == want, f"undeclared: {describe([raw])}\nwant {describe([want])}"
+
+
+def describe(resources: Iterable[dict[str, AnyValue]]) -> str:
+    """Resources as sorted ``key=value`` lines, for failure messages."""
+    return "\n".join(
+        ", ".join(f"{k}={str(v).strip()}" for k, v in sorted(raw.items())) for raw in resources
+    )
 
 
 def describe_process_resources(requests: Sequence[ExportMetricsServiceRequest]) -> str:

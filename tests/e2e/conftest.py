@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from .checks import CAPTURED_VARIABLE, declared_env
 from .harness import GpuProcess, otelcol_binary
 
 
@@ -18,8 +19,10 @@ def otelcol() -> Path:
 
 @pytest.fixture
 def gpu_processes() -> Iterator[tuple[GpuProcess, GpuProcess]]:
-    """Two real local processes for the simulated GPUs: (declared, undeclared)."""
-    declared, other = GpuProcess(), GpuProcess()
+    """Two real local processes for the simulated GPUs: (declared, undeclared), each with
+    ``CAPTURED_VARIABLE`` in its environment (the declared one also ``DECLARED_ENV``)."""
+    declared = GpuProcess(declared_env("declared"))
+    other = GpuProcess({CAPTURED_VARIABLE: "undeclared"})
     try:
         yield declared, other
     finally:

@@ -47,6 +47,8 @@ def test_remote_mode_with_sidecar_restart(otelcol: Path, tmp_path: Path, gpu_pro
         "1",
         "--node-name",
         checks.NODE_NAME,
+        "--include-env-vars",
+        ",".join(checks.INCLUDE_ENV_VARS),
     ]
     env = clean_environ({"SIDECAR_ENDPOINT": address, "E2E_OUTPUT": str(output)})
 
@@ -68,7 +70,7 @@ def test_remote_mode_with_sidecar_restart(otelcol: Path, tmp_path: Path, gpu_pro
         assert "accepted 1" in declare(
             address,
             declared.pid,
-            checks.DECLARED_ENV,
+            checks.declared_env("declared"),
             checks.DECLARED_ATTRS,
             timeout_s=DATA_TIMEOUT_S,
         )
@@ -89,7 +91,7 @@ def test_remote_mode_with_sidecar_restart(otelcol: Path, tmp_path: Path, gpu_pro
         assert "accepted 1" in declare(
             address,
             declared.pid,
-            checks.DECLARED_ENV,
+            checks.declared_env("declared"),
             checks.DECLARED_ATTRS,
             timeout_s=DATA_TIMEOUT_S,
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from . import checks
 from .harness import (
@@ -32,6 +33,9 @@ SCRAPES_AFTER_DECLARE = 3
 
 
 def test_subprocess_mode(otelcol: Path, tmp_path: Path, gpu_processes) -> None:
+    config = yaml.safe_load((CONFIG_DIR / "e2e-subprocess.yaml").read_text())
+    args = config["receivers"]["gpumetrics"]["args"]
+    assert args[args.index("--include-env-vars") + 1] == ",".join(checks.INCLUDE_ENV_VARS)
     declared, other = gpu_processes
     scenario = write_scenario(tmp_path / "scenario.yaml", declared.pid, other.pid)
     output = tmp_path / "metrics.jsonl"
@@ -60,7 +64,10 @@ def test_subprocess_mode(otelcol: Path, tmp_path: Path, gpu_processes) -> None:
             collector.log_tail,
         )
         out = declare(
-            f"unix:{profiler_socket}", declared.pid, checks.DECLARED_ENV, checks.DECLARED_ATTRS
+            f"unix:{profiler_socket}",
+            declared.pid,
+            checks.declared_env("declared"),
+            checks.DECLARED_ATTRS,
         )
         assert "accepted 1" in out
 

@@ -64,6 +64,14 @@ def test_declare_decodes_everything() -> None:
     assert len(s) == 1
 
 
+def test_any_captured_variable_name_is_accepted() -> None:
+    """A profiler configured with -env-vars=CUDA_VISIBLE_DEVICES reports that variable as
+    process.environment_variable.CUDA_VISIBLE_DEVICES; its declaration must not be refused."""
+    env = [("CUDA_VISIBLE_DEVICES", b"0,1"), ("my var", b""), ("OTEL_SERVICE_NAME", b"svc")]
+    d = store().declare(7, 0, b"", env, b"")
+    assert d.environment == dict(env)
+
+
 def test_empty_fields_are_empty() -> None:
     d = store().declare(7, 0, b"", [], b"")
     assert not d.has_process_context
@@ -81,8 +89,8 @@ BAD = [
     ({"process_context": b"\x0a\x05\x0a"}, "process_context", "not a ProcessContext"),
     ({"process_context": "text"}, "process_context", "must be bytes"),
     ({"environment": [("", b"x")]}, "environment[0].name", "non-empty"),
-    ({"environment": [("OTEL_A", b"1"), ("PATH", b"/")]}, "environment[1].name", "only OTEL_"),
-    ({"environment": [("OTEL_A=B", b"1")]}, "environment[0].name", "only OTEL_"),
+    ({"environment": [("OTEL_A", b"1"), ("A=B", b"/")]}, "environment[1].name", "'='"),
+    ({"environment": [("OTEL_A\x00B", b"1")]}, "environment[0].name", "NUL"),
     (
         {"environment": [("OTEL_A", b"1"), ("OTEL_B", b"2"), ("OTEL_A", b"3")]},
         "environment[2].name",

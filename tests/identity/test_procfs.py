@@ -6,11 +6,12 @@ import os
 
 import pytest
 from gpumetrics.identity.cgroup import container_id, main_cgroup_path
-from gpumetrics.identity.procfs import ProcfsReader, parse_environ, parse_stat
+from gpumetrics.identity.procfs import ProcfsReader, parse_environ, parse_stat, select_environ
 
 from .conftest import PROC, load_cases
 
 CGROUP_CASES = load_cases("cgroup_cases.yaml")
+PROFILER_CASES = load_cases("ebpf_profiler_container_id_cases.yaml")
 K8S_CID = "3f2b8e1c9d7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c"
 
 
@@ -19,9 +20,30 @@ def _reader(tree: str = "host", **kw: object) -> ProcfsReader:
     return ProcfsReader(str(PROC / tree), **kw)  # type: ignore[arg-type]
 
 
+def _cgroup_text(case: dict) -> str:
+    return case["cgroup"].replace("{pad}", "x" * case.get("pad", 0))
+
+
 @pytest.mark.parametrize("case", CGROUP_CASES, ids=[c["id"] for c in CGROUP_CASES])
 def test_container_id(case: dict) -> None:
-    assert container_id(case["cgroup"]) == case["container_id"]
+    text = _cgroup_text(case)
+    assert container_id(text) == case["container_id"]
+    assert container_id(text.encode()) == case["container_id"]
+
+
+@pytest.mark.parametrize("case", PROFILER_CASES, ids=[c["id"] for c in PROFILER_CASES])
+def test_container_id_as_the_ebpf_profiler(case: dict) -> None:
+    """The eBPF profiler's own TestExtractContainerID strings give its own expectations."""
+    assert container_id(case["cgroup"].encode()) == case["container_id"]
+
+
+def test_container_id_line_limit_counts_bytes() -> None:
+    """A line of two-byte characters: 8 193 bytes in 4 131 characters ends the scan."""
+    cid = "ab" * 32
+    line = f"0::/{'é' * 4062}/{cid}"
+    assert len(line.encode()) >= 8192 > len(line)
+    assert container_id(line.encode()) is None
+    assert container_id(line) is None
 
 
 @pytest.mark.parametrize(
@@ -37,7 +59,7 @@ def test_full_process() -> None:
     assert info.start_time_ticks == 123456
     assert info.ppid == 4200
     assert info.comm == "python3"
-    assert info.exe_path == "/usr/bin/python3.11"
+    assert info.exe_target == info.exe_path == "/usr/bin/python3.11"
     assert info.exe_name == "python3.11"
     assert info.cmdline == ("python3", "train.py", "--epochs", "3")
     assert info.uid == 1000  # the real uid, not the effective 1001
@@ -47,6 +69,7 @@ def test_full_process() -> None:
         "OTEL_SERVICE_NAME": b"trainer",
         "OTEL_RESOURCE_ATTRIBUTES": b"deployment.environment.name=prod,service.name=ignored",
     }
+    assert info.env_vars == {}  # none configured
     assert info.container_id == K8S_CID
     assert info.cgroup_path is not None and info.cgroup_path.endswith(K8S_CID + ".scope")
 
@@ -55,19 +78,9 @@ def test_missing_files_are_none_not_errors() -> None:
     info = _reader().read(5000)
     assert info is not None
     assert info.comm == "kworker/0:1"
-    assert (info.exe_path, info.exe_name, info.cmdline, info.uid, info.owner) == (
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
-    assert (info.environ, info.cgroup, info.container_id, info.cgroup_path) == (
-        None,
-        None,
-        None,
-        None,
-    )
+    assert (info.exe_target, info.exe_path, info.exe_name, info.cmdline) == (None,) * 4
+    assert (info.uid, info.owner, info.environ, info.env_vars) == (None,) * 4
+    assert (info.cgroup, info.container_id, info.cgroup_path) == (None,) * 3
 
 
 def test_comm_with_parens_deleted_exe_and_cgroup_v1() -> None:
@@ -76,7 +89,8 @@ def test_comm_with_parens_deleted_exe_and_cgroup_v1() -> None:
     assert info is not None
     assert info.start_time_ticks == 777 and info.ppid == 1
     assert info.comm == "my (odd) ) name"
-    assert info.exe_path == "/opt/app/server"  # " (deleted)" trimmed
+    assert info.exe_target == "/opt/app/server (deleted)"  # as readlink says: the profiler's
+    assert info.exe_path == "/opt/app/server"  # " (deleted)" trimmed: parca-agent's
     assert info.cmdline == ()
     assert info.owner == "root"
     assert info.container_id == "ab" * 32
@@ -119,6 +133,19 @@ def test_parse_stat_rejects_garbage() -> None:
 
 def test_parse_environ_skips_malformed_entries() -> None:
     assert parse_environ(b"OTEL_X\x00OTEL_\xff=1\x00OTEL_Y=a=b\x00") == {"OTEL_Y": b"a=b"}
+
+
+def test_configured_variables_as_the_profiler_captures_them() -> None:
+    """The last occurrence wins (the profiler fills a map in order; getenv would take the
+    first), values are raw bytes, any name can be configured."""
+    info = _reader(include_env_vars=["OTEL_SERVICE_NAME", "HOME", "LANG", "NOT_SET"]).read(4242)
+    assert info is not None
+    assert info.env_vars == {"OTEL_SERVICE_NAME": b"second", "HOME": b"/root"}
+    assert info.environ is not None and info.environ["OTEL_SERVICE_NAME"] == b"trainer"
+    data = b"A=1\x00A\x00B=\x00=x\x00A=2=3\x00C=\xff\x00"
+    names = frozenset({b"A", b"B", b"C"})
+    assert select_environ(data, names) == {"A": b"2=3", "B": b"", "C": b"\xff"}
+    assert select_environ(data, frozenset()) == {}
 
 
 def test_f15_detects_host_namespace_from_init_link() -> None:

@@ -19,8 +19,10 @@ def _resource(rm) -> dict:
     return out
 
 
-def test_producer_uses_the_resourcer() -> None:
-    procfs = ProcfsReader(str(PROC / "host"), user_name=lambda uid: None)
+def _per_process(mode: str) -> list[dict]:
+    procfs = ProcfsReader(
+        str(PROC / "host"), user_name=lambda uid: None, include_env_vars=["OTEL_SERVICE_NAME"]
+    )
     resourcer = new_process_resourcer(
         None,
         None,
@@ -29,6 +31,7 @@ def test_producer_uses_the_resourcer() -> None:
         [{"source_labels": ["comm"], "regex": "kworker/.*", "action": "drop"}],
         procfs=procfs,
         read_process_context=False,
+        mode=mode,
     )
     producer = Producer()
     producer.set_process_resourcer(resourcer)
@@ -40,14 +43,29 @@ def test_producer_uses_the_resourcer() -> None:
             ),
         )
     request = producer.collect()
-    per_process = [
-        _resource(rm) for rm in request.resource_metrics if "process.pid" in _resource(rm)
-    ]
+    return [_resource(rm) for rm in request.resource_metrics if "process.pid" in _resource(rm)]
+
+
+def test_producer_uses_the_resourcer() -> None:
+    """Profiler mode (the default): the eBPF profiler's keys, nothing else."""
+    per_process = _per_process("profiler")
     assert len(per_process) == 1  # pid 5000 (a kworker) was dropped by the relabel rule
+    assert per_process[0] == {
+        "process.pid": 4242,
+        "process.executable.path": "/usr/bin/python3.11",
+        "process.executable.name": "python3.11",
+        "container.id": "3f2b8e1c9d7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c",
+        "process.environment_variable.OTEL_SERVICE_NAME": "second",  # the last occurrence
+    }
+
+
+def test_producer_uses_the_resourcer_enriched() -> None:
+    per_process = _per_process("enriched")
+    assert len(per_process) == 1
     res = per_process[0]
     assert res["process.pid"] == 4242
-    assert res["service.name"] == "trainer"  # OTEL_SERVICE_NAME from its environ
+    assert res["service.name"] == "trainer"  # OTEL_SERVICE_NAME from its environ (as getenv)
     assert res["deployment.environment.name"] == "prod"
     assert res["k8s.node.name"] == "node-a"
     assert res["container.id"].startswith("3f2b8e1c")
-    assert res["process.executable.name"] == "python3.11"
+    assert res["process.environment_variable.OTEL_SERVICE_NAME"] == "second"

@@ -1,4 +1,5 @@
-"""ProcessResourcer: precedence as data, F15/F16 scenarios, caching and a real process."""
+"""ProcessResourcer in enriched mode: precedence as data, F15/F16 scenarios, caching and a real
+process. Profiler mode (the default): test_profiler_mode.py."""
 
 from __future__ import annotations
 
@@ -10,78 +11,45 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpumetrics.identity.attrs import to_key_values
 from gpumetrics.identity.ctxproto import encode_process_context
 from gpumetrics.identity.declared import DeclaredStore
-from gpumetrics.identity.processctx import ContextRead, ProcessContext, ReadStatus
 from gpumetrics.identity.procfs import ProcfsReader
 from gpumetrics.identity.relabel_config import RelabelConfigError, parse_relabel_configs
-from gpumetrics.identity.resourcer import ProcessResourcer, iso8601_ns, new_process_resourcer
-from opentelemetry.proto.resource.v1 import resource_pb2
+from gpumetrics.identity.resourcer import ProcessResourcer, new_process_resourcer
 
 from .conftest import PROC, load_cases
 from .ctx_publisher import Publisher
+from .fakeproc import (
+    PID,
+    StubContextReader,
+    expected_resource,
+    make_proc,
+    resource_bytes,
+)
+from .fakeproc import (
+    build as build_case,
+)
 
 CASES = load_cases("precedence_cases.yaml")
-PID = 4242
-BTIME = 1_700_000_000
+ENRICHED = "enriched"
 
 
-def _stat(pid: int, comm: str, ppid: int, start: int) -> str:
-    return f"{pid} ({comm}) S {ppid} " + "0 " * 17 + f"{start} " + "0 " * 30 + "\n"
+def build(case: dict[str, Any], root: Path, **kw: Any) -> tuple[ProcessResourcer, Any]:
+    return build_case(case, root, ENRICHED, **kw)
 
 
-def make_proc(root: Path, proc: dict[str, Any] | None, foreign: bool = False) -> Path:
-    """Write a fake procfs with pid 4242 as ``proc`` describes."""
-    (root / "1" / "ns").mkdir(parents=True)
-    os.symlink("pid:[4026532999]" if foreign else "pid:[4026531836]", root / "1" / "ns" / "pid")
-    (root / "stat").write_text(f"cpu 0\nbtime {BTIME}\n")
-    if proc is None:
-        return root
-    d = root / str(PID)
-    d.mkdir()
-    (d / "stat").write_text(_stat(PID, proc.get("comm", "x"), proc.get("ppid", 1), proc["start"]))
-    if "comm" in proc:
-        (d / "comm").write_text(proc["comm"] + "\n")
-    if "exe" in proc:
-        os.symlink(proc["exe"], d / "exe")
-    if "uid" in proc:
-        (d / "status").write_text(f"Name:\tx\nUid:\t{proc['uid']}\t0\t0\t0\n")
-    if "environ" in proc:
-        env = b"".join(f"{k}={v}".encode() + b"\x00" for k, v in proc["environ"].items())
-        (d / "environ").write_bytes(b"PATH=/bin\x00" + env)
-    if "cgroup" in proc:
-        (d / "cgroup").write_text(proc["cgroup"] + "\n")
-    return root
-
-
-def resource_bytes(attrs: dict[str, Any]) -> bytes:
-    res = resource_pb2.Resource()
-    to_key_values(res.attributes, attrs)
-    return res.SerializeToString()
-
-
-class StubContextReader:
-    """Stands in for ProcessContextReader: a fixed context, and a count of reads."""
-
-    def __init__(self, resource: dict[str, Any] | None, ts: int = 1) -> None:
-        self.resource = resource
-        self.ts = ts
-        self.reads = 0
-
-    def read(self, pid: int, start: int) -> ContextRead:
-        self.reads += 1
-        if self.resource is None:
-            return ContextRead(None, ReadStatus.NO_MAPPING)
-        return ContextRead(ProcessContext(self.resource, {}, self.ts), ReadStatus.OK)
-
-
-class DictResolver:
-    def __init__(self, labels: dict[str, str]) -> None:
-        self.labels = labels
-
-    def labels_for_pid(self, pid: int) -> dict[str, str]:
-        return self.labels
+def enriched(root: Path, resolver: Any = None, **kw: Any) -> ProcessResourcer:
+    """An enriched-mode resourcer over the fake procfs at ``root``, no OTEL_CTX reader."""
+    return new_process_resourcer(
+        resolver,
+        None,
+        "n",
+        False,
+        procfs=ProcfsReader(str(root)),
+        read_process_context=False,
+        mode=ENRICHED,
+        **kw,
+    )
 
 
 class Clock:
@@ -90,52 +58,6 @@ class Clock:
 
     def __call__(self) -> int:
         return self.now
-
-
-def build(case: dict[str, Any], root: Path, **kw: Any) -> tuple[ProcessResourcer, Any]:
-    foreign = bool(case.get("foreign_pid_namespace"))
-    make_proc(root, case.get("procfs"), foreign)
-    procfs = ProcfsReader(str(root), user_name={1000: "alice"}.get)
-    store = None
-    if "declared" in case:
-        d = case["declared"]
-        store = DeclaredStore(start_time_reader=procfs.start_time_ticks)
-        ctx = d.get("context")
-        store.declare(
-            PID,
-            d["start"],
-            encode_process_context(ctx["resource"], ctx.get("attributes")) if ctx else b"",
-            [(k, v.encode()) for k, v in d.get("environment", {}).items()],
-            resource_bytes(d["profiler"]) if "profiler" in d else b"",
-        )
-    cfg = case.get("config", {})
-    stub = StubContextReader(case.get("otel_ctx"))
-    resolver = DictResolver(case["resolver"]) if "resolver" in case else None
-    r = new_process_resourcer(
-        resolver,
-        store,
-        cfg.get("node_name", ""),
-        cfg.get("in_kubernetes", False),
-        cfg.get("relabel_configs"),
-        procfs=procfs,
-        context_reader=stub,
-        host_name=cfg.get("host_name"),
-        **kw,
-    )
-    return r, stub
-
-
-def expected_resource(case: dict[str, Any]) -> dict[str, Any]:
-    expected = case["expected"]
-    if "$created" not in expected.values():
-        return expected
-    procfs = ProcfsReader("/nonexistent", host_pid_namespace=True)
-    if case.get("foreign_pid_namespace"):
-        start = case["declared"]["start"]
-    else:
-        start = case["procfs"]["start"]
-    created = iso8601_ns(BTIME * 10**9 + start * 10**9 // procfs.clock_ticks_per_second)
-    return {k: (created if v == "$created" else v) for k, v in expected.items()}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
@@ -157,7 +79,9 @@ def test_precedence_case(case: dict[str, Any], tmp_path: Path) -> None:
 def test_creation_time_format(tmp_path: Path) -> None:
     make_proc(tmp_path, {"start": 12345, "comm": "x"})
     procfs = ProcfsReader(str(tmp_path))
-    r = new_process_resourcer(None, None, "n", False, procfs=procfs, read_process_context=False)
+    r = new_process_resourcer(
+        None, None, "n", False, procfs=procfs, read_process_context=False, mode=ENRICHED
+    )
     created = r.resource(PID)["process.creation.time"]  # type: ignore[index]
     assert procfs.clock_ticks_per_second == 100, "USER_HZ is 100 on Linux"
     assert created == "2023-11-14T22:15:23.450Z"  # 1700000000 s + 123.45 s
@@ -183,7 +107,9 @@ def test_f16_pid_reuse_across_cycles(tmp_path: Path) -> None:
     procfs = ProcfsReader(str(link), host_pid_namespace=True)
     store = DeclaredStore(start_time_reader=procfs.start_time_ticks)
     store.declare(PID, 1000, b"", [("OTEL_SERVICE_NAME", b"python-trainer")], b"")
-    r = new_process_resourcer(None, store, "n", False, procfs=procfs, read_process_context=False)
+    r = new_process_resourcer(
+        None, store, "n", False, procfs=procfs, read_process_context=False, mode=ENRICHED
+    )
     first = r.resource(PID)
     assert first is not None and first["service.name"] == "python-trainer"
     assert first["process.executable.name"] == "python3"
@@ -202,7 +128,9 @@ def test_f16_pid_reuse_across_cycles(tmp_path: Path) -> None:
 
 def test_f15_container_proc_never_names_host_pid() -> None:
     procfs = ProcfsReader(str(PROC / "container"))
-    r = new_process_resourcer(None, None, "n", False, procfs=procfs, read_process_context=False)
+    r = new_process_resourcer(
+        None, None, "n", False, procfs=procfs, read_process_context=False, mode=ENRICHED
+    )
     assert r.resource(3412002) == {"host.name": "n", "process.pid": 3412002}
 
 
@@ -228,6 +156,7 @@ def test_cache_hits_and_invalidation(tmp_path: Path) -> None:
         context_reader=stub,  # type: ignore[arg-type]
         clock=clock,
         procfs_ttl_ns=1000,
+        mode=ENRICHED,
     )
     first = r.resource(PID)
     assert first is not None and first["service.name"] == "v1"
@@ -250,15 +179,7 @@ def test_cache_hits_and_invalidation(tmp_path: Path) -> None:
 
 def test_cache_is_bounded(tmp_path: Path) -> None:
     make_proc(tmp_path, None)
-    r = new_process_resourcer(
-        None,
-        None,
-        "n",
-        False,
-        procfs=ProcfsReader(str(tmp_path)),
-        read_process_context=False,
-        cache_size=2,
-    )
+    r = enriched(tmp_path, cache_size=2)
     for pid in (1, 2, 3, 4):
         r.resource(pid)
     assert r.stats()["cached"] == 2
@@ -271,15 +192,7 @@ def test_resolver_failure_is_counted_not_raised(tmp_path: Path, caplog) -> None:
         def labels_for_pid(self, pid: int) -> dict[str, str]:
             raise RuntimeError("kubelet unreachable")
 
-    r = new_process_resourcer(
-        Broken(),
-        None,
-        "n",
-        False,
-        procfs=ProcfsReader(str(tmp_path)),
-        read_process_context=False,
-        procfs_ttl_ns=0,
-    )
+    r = enriched(tmp_path, Broken(), procfs_ttl_ns=0)
     caplog.set_level("DEBUG", logger="gpumetrics.identity.resourcer")
     assert r.resource(PID) is not None
     assert r.resource(PID) is not None
@@ -290,9 +203,7 @@ def test_resolver_failure_is_counted_not_raised(tmp_path: Path, caplog) -> None:
 
 def test_env_errors_counted(tmp_path: Path) -> None:
     make_proc(tmp_path, {"start": 500, "comm": "py", "environ": {"OTEL_RESOURCE_ATTRIBUTES": "a"}})
-    r = new_process_resourcer(
-        None, None, "n", False, procfs=ProcfsReader(str(tmp_path)), read_process_context=False
-    )
+    r = enriched(tmp_path)
     r.resource(PID)
     assert r.stats()["env_discarded"] == 1
 
@@ -337,7 +248,7 @@ def test_real_process_end_to_end(child_with_context: Publisher) -> None:
     pub = child_with_context
     pub.publish(encode_process_context({"service.name": "from-ctx", "service.version": "2.0"}))
     r = new_process_resourcer(
-        None, None, "node-1", False, proc_root="/proc", host_pid_namespace=True
+        None, None, "node-1", False, proc_root="/proc", host_pid_namespace=True, mode=ENRICHED
     )
     res = r.resource(pub.pid)
     assert res is not None
@@ -346,7 +257,7 @@ def test_real_process_end_to_end(child_with_context: Publisher) -> None:
     assert res["service.namespace"] == "ml"  # environment fills what the context lacks
     assert res["deployment.environment.name"] == "prod"
     assert res["process.pid"] == pub.pid
-    assert res["process.executable.path"] == os.path.realpath(sys.executable)
-    assert res["process.executable.name"] == os.path.basename(os.path.realpath(sys.executable))
+    assert res["process.executable.path"] == os.readlink(f"/proc/{pub.pid}/exe")
+    assert res["process.executable.name"] == os.path.basename(os.readlink(f"/proc/{pub.pid}/exe"))
     assert res["host.name"] == "node-1"
     assert res["process.creation.time"].endswith("Z")

@@ -61,9 +61,12 @@ class StubCollector:
 
 
 def good_declaration(pid: int) -> ppb.ProcessDeclaration:
+    """A clean declaration; its profiler resource (the process's GPU resource in the default
+    profiler mode) carries ``service.name`` ``good-<pid>``, as an APM-aware profiler's would."""
     res = resource_pb2.Resource()
-    kv = res.attributes.add()
-    kv.key, kv.value.string_value = "k8s.pod.name", f"pod-{pid}"
+    for key, value in (("k8s.pod.name", f"pod-{pid}"), ("service.name", f"good-{pid}")):
+        kv = res.attributes.add()
+        kv.key, kv.value.string_value = key, value
     return ppb.ProcessDeclaration(
         pid=pid,
         start_time_ticks=1000 + pid % 1000,

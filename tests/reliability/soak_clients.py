@@ -27,6 +27,7 @@ from gpumetrics.metrics import count_points
 from gpumetrics.v1 import profiler_pb2 as ppb
 from gpumetrics.v1 import profiler_pb2_grpc, pull_pb2, pull_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.resource.v1 import resource_pb2
 
 TIMEOUT = 10.0
 """Bounds every RPC; never reached while the server is healthy."""
@@ -211,10 +212,15 @@ class Profiler:
 
     @staticmethod
     def declaration(pid: int, ticks: int, service: str) -> ppb.ProcessDeclaration:
+        """``pid`` with a profiler resource (``process.pid``, an APM ``service.name``)."""
+        res = resource_pb2.Resource()
+        res.attributes.add(key="process.pid").value.int_value = pid
+        res.attributes.add(key="service.name").value.string_value = service
         return ppb.ProcessDeclaration(
             pid=pid,
             start_time_ticks=ticks,
             environment=[ppb.EnvironmentVariable(name="OTEL_SERVICE_NAME", value=service.encode())],
+            profiler_resource=res.SerializeToString(),
         )
 
     def declare(self, entries: list[ppb.ProcessDeclaration], replace_all: bool = False) -> None:

@@ -34,9 +34,12 @@ ATTACK_PIDS = st.one_of(st.integers(1, 40), st.sampled_from(GOOD_PIDS))
 """Mostly a small pool, so entries replace each other; sometimes a good pid."""
 
 _bad_env_names = st.one_of(
-    st.sampled_from(["", "PATH", "otel_service_name", "OTEL-X", "OTEL_é", "OTEL_ A", " OTEL_A"]),
-    st.text(max_size=12).filter(lambda s: not (s.startswith("OTEL_") and s[5:].isascii())),
+    st.sampled_from(["", "=", "PATH=", "OTEL_A=B", "=OTEL_A"]),
+    st.tuples(st.text(max_size=6), st.text(max_size=6)).map(lambda t: f"{t[0]}={t[1]}"),
+    st.text(max_size=6).map(lambda t: f"{t}\x00"),
 )
+"""Names a variable cannot have (empty, or with '=' or NUL); any other name is a captured
+variable (a profiler's -env-vars are not only OTEL_*)."""
 _scalar = st.one_of(
     st.text(max_size=8).map(lambda s: common_pb2.AnyValue(string_value=s)),
     st.integers(-(2**63), 2**63 - 1).map(lambda i: common_pb2.AnyValue(int_value=i)),
@@ -121,6 +124,8 @@ def entries(draw: st.DrawFn) -> Entry:
         )
     )
     res = draw(st.one_of(st.just(b""), resources))
+    if res and draw(st.booleans()):
+        res += _resource([("service.name", common_pb2.AnyValue(string_value=f"svc-{pid}"))])
     ticks = draw(st.integers(0, 2**64 - 1))
     kind = draw(
         st.sampled_from(
@@ -181,8 +186,11 @@ def entries(draw: st.DrawFn) -> Entry:
     return Entry(msg, defect)
 
 
-def _service(msg: ppb.ProcessDeclaration) -> bytes:
-    return next(e.value for e in msg.environment if e.name == "OTEL_SERVICE_NAME")
+def _service(msg: ppb.ProcessDeclaration) -> str:
+    """The ``service.name`` of the declaration's profiler resource ("" without one): in the
+    default profiler mode the declared resource is the process's GPU resource."""
+    res = resource_pb2.Resource.FromString(msg.profiler_resource)
+    return next((kv.value.string_value for kv in res.attributes if kv.key == "service.name"), "")
 
 
 def _check_store(rig, model: dict[int, ppb.ProcessDeclaration]) -> None:
@@ -213,7 +221,8 @@ class Checker:
 
 
 def _check_batch(rig, checker: Checker, model: dict[int, ppb.ProcessDeclaration]) -> None:
-    """The next batch is produced, and each declared pid's resource has its service.name."""
+    """The next batch is produced, and each declared pid's resource has the service.name of
+    its declared profiler resource."""
     seq = rig.batch(model)
     resp = checker.pull()
     assert resp.first_sequence == resp.last_sequence == seq
@@ -224,9 +233,10 @@ def _check_batch(rig, checker: Checker, model: dict[int, ppb.ProcessDeclaration]
     for rm in req.resource_metrics:
         attrs = {kv.key: kv.value for kv in rm.resource.attributes}
         if "process.pid" in attrs:
-            seen[attrs["process.pid"].int_value] = attrs["service.name"].string_value
+            name = attrs.get("service.name")
+            seen[attrs["process.pid"].int_value] = name.string_value if name is not None else ""
     for pid, msg in model.items():
-        assert seen.get(pid) == _service(msg).decode(), (pid, seen.get(pid))
+        assert seen.get(pid) == _service(msg), (pid, seen.get(pid))
 
 
 def _apply(model, batch: list[Entry], rejected: dict[int, ppb.Rejection]) -> None:

@@ -4,7 +4,8 @@
   ``ResourceAttributesError`` naming the item (never another exception); a percent-encoded
   list of pairs round-trips (last duplicate wins); through ``ProcessResourcer`` a malformed value
   is discarded whole (none of its keys appear, ``env_discarded`` counts it) while
-  ``OTEL_SERVICE_NAME`` still applies (the documented drop).
+  ``OTEL_SERVICE_NAME`` still applies (the documented drop), and a parsed one never sets an
+  observed key (enriched mode).
 * Process-context payloads: arbitrary and mutated bytes decode or raise
   ``ProcessContextDecodeError``; encoded contexts round-trip; the ``OTEL_CTX`` reader, given a
   fake ``maps`` and ``mem`` with an arbitrary header and payload, answers the status the header
@@ -26,6 +27,7 @@ from gpumetrics.identity import (
     ResourceAttributesError,
     decode_process_context,
     encode_process_context,
+    is_observed_key,
     new_process_resourcer,
     parse_resource_attributes,
 )
@@ -107,7 +109,7 @@ def test_malformed_resource_attributes_are_discarded_whole(tmp_path: Path, form,
     (tmp_path / "proc").mkdir()
     procfs = ProcfsReader(str(tmp_path / "proc"), host_pid_namespace=True)
     store = DeclaredStore(start_time_reader=procfs.start_time_ticks)
-    resourcer = new_process_resourcer(None, store, "node", False, procfs=procfs)
+    resourcer = new_process_resourcer(None, store, "node", False, procfs=procfs, mode="enriched")
     tried = {"discarded": 0, "applied": 0}
     pid = 0
 
@@ -134,7 +136,9 @@ def test_malformed_resource_attributes_are_discarded_whole(tmp_path: Path, form,
             tried["discarded"] += 1
             return
         for k, v in parsed.items():
-            if k not in ("service.name", "process.pid", "host.name"):
+            if is_observed_key(k):  # never from the process: the sidecar's value or none
+                assert res.get(k) == {"host.name": "node", "process.pid": pid}.get(k), (k, res)
+            elif k != "service.name":
                 assert res[k] == v
         tried["applied"] += 1
 

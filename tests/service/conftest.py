@@ -28,7 +28,7 @@ class FakeDeclarationError(ValueError):
 
 
 class FakeDeclaredStore:
-    """The DeclaredStore contract, minimal: pid range and OTEL_* names validated."""
+    """The DeclaredStore contract, minimal: pid range and variable names (no '=') validated."""
 
     def __init__(self) -> None:
         self.held: dict[int, dict[str, Any]] = {}
@@ -42,8 +42,8 @@ class FakeDeclaredStore:
             if not 1 <= pid <= 4_194_304:
                 raise FakeDeclarationError("pid", f"must be an integer in 1..4194304, got {pid}")
             for i, (name, _value) in enumerate(environment):
-                if not name.startswith("OTEL_"):
-                    raise FakeDeclarationError(f"environment[{i}].name", "only OTEL_* names")
+                if "=" in name:
+                    raise FakeDeclarationError(f"environment[{i}].name", "cannot contain '='")
         except FakeDeclarationError:
             if touched is not None:
                 touched.add(pid)

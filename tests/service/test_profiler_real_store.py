@@ -54,7 +54,7 @@ def test_real_store_rejections_are_prefixed_with_the_entry(sidecar):
         pb.DeclareProcessesRequest(
             processes=[
                 pb.ProcessDeclaration(
-                    pid=1, environment=[pb.EnvironmentVariable(name="PATH", value=b"/")]
+                    pid=1, environment=[pb.EnvironmentVariable(name="PATH=", value=b"/")]
                 ),
                 pb.ProcessDeclaration(pid=2, process_context=b"\xff\xff\xff"),
                 pb.ProcessDeclaration(pid=3, profiler_resource=b"\x0a\x05"),
@@ -82,7 +82,7 @@ def test_real_store_stream_resync_releases_what_was_not_redeclared(sidecar):
     assert stream.send(declare=pb.ProcessDeclaration(pid=11)).accepted
     bad = stream.send(
         declare=pb.ProcessDeclaration(
-            pid=12, environment=[pb.EnvironmentVariable(name="NOPE", value=b"")]
+            pid=12, environment=[pb.EnvironmentVariable(name="NO=PE", value=b"")]
         )
     )
     assert bad.rejection.field == "declare.environment[0].name"

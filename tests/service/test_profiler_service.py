@@ -34,7 +34,7 @@ def test_declare_batch_applies_accepted_entries_and_names_rejected_fields(sideca
                     pid=7,
                     environment=[
                         pb.EnvironmentVariable(name="OTEL_SERVICE_NAME", value=b"new"),
-                        pb.EnvironmentVariable(name="PATH", value=b"/bin"),
+                        pb.EnvironmentVariable(name="PATH=", value=b"/bin"),
                     ],
                 ),
                 decl(11),
@@ -132,7 +132,7 @@ def test_stream_declares_exits_and_resyncs(sidecar):
     assert stream.send(declare=decl(1)).accepted
     assert stream.send(declare=decl(2)).accepted
     assert stream.send(declare=decl(3)).accepted
-    bad = stream.send(declare=decl(4, OTEL_OK=b"x", HOME=b"/root"))
+    bad = stream.send(declare=decl(4, OTEL_OK=b"x", **{"HOME=": b"/root"}))
     assert not bad.accepted
     assert (bad.rejection.field, bad.rejection.pid) == ("declare.environment[1].name", 4)
     assert stream.send(exit=pb.ProcessExit(pid=3)).accepted

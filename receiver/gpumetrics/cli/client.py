@@ -20,7 +20,9 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 
-from gpumetrics.identity.procfs import parse_stat
+from gpumetrics.identity.attrs import AttrValue, to_key_values
+from gpumetrics.identity.modes import ENV_VAR_PREFIX, profiler_resource
+from gpumetrics.identity.procfs import ProcfsReader, parse_stat
 from gpumetrics.metrics import CountNVIDIAGPUs
 from gpumetrics.v1 import profiler_pb2, profiler_pb2_grpc, pull_pb2, pull_pb2_grpc
 
@@ -270,19 +272,30 @@ def start_time_ticks(pid: int, proc_root: str) -> int:
 
 
 def build_declaration(args: argparse.Namespace) -> profiler_pb2.ProcessDeclaration:
-    """Build the ``ProcessDeclaration`` the ``declare`` flags describe."""
+    """Build the ``ProcessDeclaration`` the ``declare`` flags describe, as a profiler would.
+
+    Its ``profiler_resource`` is shaped like the OpenTelemetry eBPF profiler's resource for the
+    process: ``process.pid`` (int); when the start time is read from ``/proc`` (no
+    ``--start-time-ticks``), ``process.executable.*`` and ``container.id`` by the profiler's
+    rules; ``process.environment_variable.<NAME>`` for each ``--env`` (which is also sent as
+    the declaration's ``environment``); then each ``--attr`` (strings; e.g. an APM agent's
+    ``service.name``).
+    """
     ticks = args.start_time_ticks
+    info = None
     if ticks is None:
         ticks = start_time_ticks(args.pid, args.proc_root)
+        procfs = ProcfsReader(args.proc_root, host_pid_namespace=True, resolve_user_names=False)
+        info = procfs.read(args.pid)
     decl = profiler_pb2.ProcessDeclaration(pid=args.pid, start_time_ticks=ticks)
+    values: dict[str, AttrValue] = dict(profiler_resource(args.pid, info))
     for key, value in parse_pairs(args.env, "--env"):
         decl.environment.add(name=key, value=value.encode("utf-8"))
-    attrs = parse_pairs(args.attr, "--attr")
-    if attrs:
-        resource = resource_pb2.Resource()
-        for key, value in attrs:
-            resource.attributes.add(key=key, value=common_pb2.AnyValue(string_value=value))
-        decl.profiler_resource = resource.SerializeToString()
+        values[ENV_VAR_PREFIX + key] = value
+    values.update(parse_pairs(args.attr, "--attr"))
+    resource = resource_pb2.Resource()
+    to_key_values(resource.attributes, values)
+    decl.profiler_resource = resource.SerializeToString()
     context = _read(args.process_context_file, "--process-context-file")
     if context is not None:
         decl.process_context = context

@@ -31,6 +31,12 @@ SERVE_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--proc-root", "identity.proc_root", {"metavar": "DIR", "help": "default /proc"}),
     ("--relabel-config", "identity.relabel_config", {"metavar": "FILE",
      "help": "YAML relabel rules"}),
+    ("--identity-mode", "identity.mode", {"choices": ["profiler", "enriched"],
+     "help": "per-process resources: profiler (default; equal to the profiler's) or enriched"}),
+    ("--include-env-vars", "identity.include_env_vars", {"metavar": "NAMES",
+     "type": lambda text: [n.strip() for n in text.split(",") if n.strip()],
+     "help": "comma-separated variables reported as process.environment_variable.<NAME> "
+             "(the profiler's -env-vars)"}),
     ("--batch-interval", "runtime.batch_interval_s", {"metavar": "SECONDS", "type": float,
      "help": "seconds between store batches (default 10)"}),
     ("--collection-interval", "collection.interval_s", {"metavar": "SECONDS", "type": float,
@@ -171,14 +177,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--proc-root", default="/proc", metavar="DIR", help="where to read PID's stat"
     )
     declare.add_argument(
-        "--env", action="append", default=[], metavar="K=V", help="captured OTEL_* variable"
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="captured variable (also process.environment_variable.K on the resource)",
     )
     declare.add_argument(
         "--attr",
         action="append",
         default=[],
         metavar="K=V",
-        help="attribute the profiler puts on the process's profiles",
+        help="another attribute of the process's profile resource (e.g. service.name); the "
+        "resource starts with process.pid, and with process.executable.* and container.id "
+        "from /proc when --start-time-ticks is not given",
     )
     declare.add_argument(
         "--process-context-file", metavar="FILE", help="serialized OTEP 4719 ProcessContext payload"

@@ -82,6 +82,15 @@ GPUMETRICS_IN_KUBERNETES = "GPUMETRICS_IN_KUBERNETES"
 """``identity.in_kubernetes``: whether the node name is a Kubernetes node (``true``/``false``).
 Default: detected from ``KUBERNETES_SERVICE_HOST``. Example: ``true``."""
 
+GPUMETRICS_IDENTITY_MODE = "GPUMETRICS_IDENTITY_MODE"
+"""``identity.mode``: ``profiler`` (per-process resources equal the profiler's) or ``enriched``
+(richer, no exact join with profiles). Default: ``profiler``. Example: ``enriched``."""
+
+GPUMETRICS_INCLUDE_ENV_VARS = "GPUMETRICS_INCLUDE_ENV_VARS"
+"""``identity.include_env_vars``: comma-separated variable names reported as
+``process.environment_variable.<NAME>``; the same value as the profiler's ``-env-vars``.
+Default: none. Example: ``OTEL_SERVICE_NAME,OTEL_RESOURCE_ATTRIBUTES``."""
+
 GPUMETRICS_RELABEL_CONFIG = "GPUMETRICS_RELABEL_CONFIG"
 """``identity.relabel_config``: YAML file of relabel rules. Default: none.
 Example: ``/etc/gpumetrics/relabel.yaml``."""
@@ -171,6 +180,8 @@ ENV_BINDINGS: tuple[EnvBinding, ...] = (
     EnvBinding(GPUMETRICS_PROC_ROOT, "identity.proc_root"),
     EnvBinding(GPUMETRICS_NODE_NAME, "identity.node_name"),
     EnvBinding(GPUMETRICS_IN_KUBERNETES, "identity.in_kubernetes"),
+    EnvBinding(GPUMETRICS_IDENTITY_MODE, "identity.mode"),
+    EnvBinding(GPUMETRICS_INCLUDE_ENV_VARS, "identity.include_env_vars", EnvKind.LIST),
     EnvBinding(GPUMETRICS_RELABEL_CONFIG, "identity.relabel_config"),
     EnvBinding(GPUMETRICS_STORE_MAX_BYTES, "store.max_bytes"),
     EnvBinding(GPUMETRICS_STORE_MAX_DATA_POINTS, "store.max_data_points"),

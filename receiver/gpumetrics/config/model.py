@@ -21,6 +21,7 @@ import enum
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpumetrics.identity.declared import DeclaredStore
+from gpumetrics.identity.modes import IdentityMode, validate_env_var_names
 from gpumetrics.nvml.settings import CollectionSettings
 from gpumetrics.service.push import PushSettings
 from gpumetrics.service.settings import ServerSettings
@@ -102,22 +103,35 @@ class IdentitySettings(BaseModel):
     """How per-process resources are built (``identity``).
 
     Attributes:
+        mode: ``profiler`` (default): a process's GPU resource equals its profile resource (the
+            declared profiler resource, else the keys the OpenTelemetry eBPF profiler computes);
+            ``enriched``: adds what the process declares about itself, ``service.name``
+            fallbacks, relabel labels and host attributes, which do **not** join exactly with
+            profiles (``docs/identity.md``).
+        include_env_vars: variable names reported as ``process.environment_variable.<NAME>``
+            on undeclared processes; set it to the profiler's ``include_env_vars`` /
+            ``-env-vars`` (same names), or the resource changes when the profiler declares it.
         proc_root: procfs root; ``/host/proc`` when the host's /proc is mounted into a container.
             Also used by the collectors (``pid_max``) and ``count-gpus``.
-        node_name: node name (``k8s.node.name`` in Kubernetes, else ``host.name``); None = the
-            kernel's node name (``uname -n``).
+        node_name: node name (``k8s.node.name`` in Kubernetes, else ``host.name``) of the host
+            resource, and of per-process resources in enriched mode; None = the kernel's node
+            name (``uname -n``).
         in_kubernetes: whether ``node_name`` is a Kubernetes node; None = detect from
             ``KUBERNETES_SERVICE_HOST``.
         host_name: ``host.name`` override; None = ``node_name`` outside Kubernetes.
         host_pid_namespace: whether ``proc_root`` shows host pids; None = detect.
-        relabel_config: path of a YAML file of parca-agent relabel rules; None = no rules.
-        read_process_context: read undeclared processes' OTEP 4719 ``OTEL_CTX`` mappings.
+        relabel_config: path of a YAML file of parca-agent relabel rules; None = no rules. In
+            profiler mode only rules that keep or drop processes are accepted.
+        read_process_context: read undeclared processes' OTEP 4719 ``OTEL_CTX`` mappings
+            (enriched mode only).
         declared: limits of the declared-process store.
 
     """
 
     model_config = _STRICT
 
+    mode: IdentityMode = IdentityMode.PROFILER
+    include_env_vars: tuple[str, ...] = ()
     proc_root: str = "/proc"
     node_name: str | None = None
     in_kubernetes: bool | None = None
@@ -126,6 +140,13 @@ class IdentitySettings(BaseModel):
     relabel_config: str | None = None
     read_process_context: bool = True
     declared: DeclaredLimits = Field(default_factory=lambda: DeclaredLimits())
+
+    @field_validator("include_env_vars", mode="before")
+    @classmethod
+    def _env_var_names(cls, value: object) -> tuple[str, ...]:
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise ValueError("must be a list of environment variable names")
+        return validate_env_var_names(value)
 
     @field_validator("proc_root")
     @classmethod

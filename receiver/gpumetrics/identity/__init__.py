@@ -3,8 +3,10 @@
 Modules: :mod:`.attrs` (AnyValue ↔ Python), :mod:`.envparse` (strict ``OTEL_*`` parsing),
 :mod:`.cgroup` and :mod:`.procfs` (``/proc/<pid>``), :mod:`.ctxproto` and :mod:`.processctx`
 (OTEP 4719 process context), :mod:`.declaration` and :mod:`.declared` (what profilers declared),
-:mod:`.relabel_config`, :mod:`.relabel` and :mod:`.labels` (parca-agent relabeling), and
-:mod:`.resourcer` (the one code path that builds a process's resource). See ``docs/identity.md``.
+:mod:`.relabel_config`, :mod:`.relabel` and :mod:`.labels` (parca-agent relabeling),
+:mod:`.modes` (the ``profiler`` and ``enriched`` identity modes, the eBPF profiler's own
+resource, the observed keys) and :mod:`.resourcer` (the one code path that builds a process's
+resource). See ``docs/identity.md``.
 """
 
 from gpumetrics.identity.attrs import AttrValue
@@ -20,6 +22,12 @@ from gpumetrics.identity.envparse import (
     ResourceAttributesError,
     env_resource,
     parse_resource_attributes,
+)
+from gpumetrics.identity.modes import (
+    IdentityMode,
+    check_profiler_mode_rules,
+    is_observed_key,
+    profiler_resource,
 )
 from gpumetrics.identity.processctx import (
     ContextRead,
@@ -46,6 +54,7 @@ __all__ = [
     "DeclaredStore",
     "DeclaredStoreStats",
     "EnvResource",
+    "IdentityMode",
     "LabelResolver",
     "ProcessContext",
     "ProcessContextDecodeError",
@@ -57,13 +66,16 @@ __all__ = [
     "RelabelConfig",
     "RelabelConfigError",
     "ResourceAttributesError",
+    "check_profiler_mode_rules",
     "decode_process_context",
     "encode_process_context",
     "env_resource",
+    "is_observed_key",
     "load_relabel_configs",
     "new_process_resourcer",
     "parse_relabel_configs",
     "parse_resource_attributes",
+    "profiler_resource",
     "relabel",
     "strip_meta",
 ]

@@ -8,7 +8,6 @@ Field names in :class:`DeclarationError` are relative to one ``ProcessDeclaratio
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ PID_MAX_LIMIT = 4_194_304
 ``include/linux/threads.h``)."""
 
 _U64_MAX = 2**64 - 1
-_ENV_NAME = re.compile(r"OTEL_[A-Za-z0-9_]*\Z")
 
 
 class DeclarationError(ValueError):
@@ -79,7 +77,10 @@ class Declared:
         context_resource: the OTEP 4719 process context's resource attributes.
         context_attributes: the process context's extra attributes (field 2; not resource).
         has_process_context: whether a (non-empty) process context was declared.
-        environment: captured ``OTEL_*`` variables, name → raw value bytes.
+        environment: captured variables, name → raw value bytes: the ``OTEL_*`` ones a profiler
+            read, and every ``process.environment_variable.<NAME>`` of its resource (any name
+            without ``=`` or NUL; only ``OTEL_SERVICE_NAME``/``OTEL_RESOURCE_ATTRIBUTES`` are
+            parsed, in enriched mode).
         profiler_attributes: the attributes the profiler itself puts on the process's profiles
             (``container.id``, ``k8s.*``, APM ``service.name``, ...).
         declared_at_ns: when the store accepted it, ns since the Unix epoch.
@@ -154,10 +155,9 @@ def _environment(
             raise DeclarationError(f"environment[{i}]", "must be a (name, value) pair") from None
         if not isinstance(name, str) or not name:
             raise DeclarationError(f"environment[{i}].name", "must be a non-empty string")
-        if not _ENV_NAME.match(name):
+        if "=" in name or "\x00" in name:
             raise DeclarationError(
-                f"environment[{i}].name",
-                f"{name!r}: only OTEL_* names of letters, digits and '_' are accepted",
+                f"environment[{i}].name", f"{name!r}: a variable name cannot contain '=' or NUL"
             )
         if name in first:
             raise DeclarationError(

@@ -7,7 +7,8 @@ label is a missing label):
 * ``node`` (configured node name) and ``comm``, as parca-agent always adds them;
 * ``__meta_process_pid``, ``__meta_process_ppid``, ``__meta_process_cmdline`` (arguments joined
   by spaces), ``__meta_process_cgroup`` (main cgroup path), ``__meta_process_executable_name``;
-* ``__meta_env_var_<NAME>`` for each captured ``OTEL_*`` variable (invalid UTF-8 replaced);
+* ``__meta_env_var_<NAME>`` for each captured variable (the declaration's, else the ``OTEL_*``
+  ones of ``environ``; invalid UTF-8 replaced);
 * ``__meta_system_kernel_release``/``_machine`` (``uname``) and ``__meta_agent_revision`` (the
   gpumetrics version);
 * ``__meta_kubernetes_*`` from the profiler's own attributes (:data:`ATTRIBUTE_META`, and

@@ -25,7 +25,7 @@ import logging
 import os
 import pwd
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpumetrics.identity.cgroup import container_id, main_cgroup_path
@@ -62,8 +62,9 @@ class ProcessInfo:
     ppid: int | None
     comm: str | None
     """``/proc/<pid>/comm`` trimmed (≤ 15 bytes, the main thread's name; invalid UTF-8 replaced)."""
-    exe_path: str | None
-    """Target of ``/proc/<pid>/exe`` without a trailing `` (deleted)``."""
+    exe_target: str | None
+    """Target of ``/proc/<pid>/exe`` exactly as ``readlink`` gives it (a replaced binary keeps
+    its `` (deleted)`` suffix): the eBPF profiler's ``process.executable.path``."""
     cmdline: tuple[str, ...] | None
     uid: int | None
     """Real uid (``Uid:`` of ``/proc/<pid>/status``)."""
@@ -71,20 +72,28 @@ class ProcessInfo:
     """User name of ``uid`` via ``pwd`` (this host's/container's user database), None if unknown."""
     environ: dict[str, bytes] | None
     """``OTEL_*`` variables only, name → raw bytes (first occurrence of a name wins, as getenv)."""
+    env_vars: dict[str, bytes] | None
+    """The reader's ``include_env_vars``, name → raw bytes, as the eBPF profiler captures them
+    (last occurrence of a name wins); None when ``environ`` is unreadable."""
     cgroup: str | None
-    """Raw ``/proc/<pid>/cgroup`` text."""
+    """``/proc/<pid>/cgroup`` text (invalid UTF-8 replaced)."""
+    container_id: str | None
+    """Container id from the raw ``cgroup`` bytes (:func:`gpumetrics.identity.cgroup.container_id`,
+    the eBPF profiler's rule)."""
+
+    @property
+    def exe_path(self) -> str | None:
+        """:attr:`exe_target` without a trailing `` (deleted)`` (parca-agent's executable)."""
+        if self.exe_target is None:
+            return None
+        return _strip_deleted(self.exe_target)
 
     @property
     def exe_name(self) -> str | None:
-        """Basename of :attr:`exe_path` (semconv ``process.executable.name``)."""
+        """Basename of :attr:`exe_path` (parca-agent's ``__meta_process_executable_name``)."""
         if not self.exe_path:
             return None
         return self.exe_path.rsplit("/", 1)[-1] or None
-
-    @property
-    def container_id(self) -> str | None:
-        """Container id from :attr:`cgroup` (:func:`gpumetrics.identity.cgroup.container_id`)."""
-        return container_id(self.cgroup) if self.cgroup is not None else None
 
     @property
     def cgroup_path(self) -> str | None:
@@ -125,6 +134,9 @@ class ProcfsReader:
         host_pid_namespace: True/False when configured; None to detect (module docstring).
         resolve_user_names: map uids to names with ``pwd`` (names come from the user database of
             the machine or container the sidecar runs in).
+        user_name: uid → user name (default ``pwd``); tests inject a table.
+        include_env_vars: environment variable names captured into
+            :attr:`ProcessInfo.env_vars` (the eBPF profiler's ``include_env_vars``).
 
     Thread-safe: readers keep no per-pid state; the two small caches are lock-protected.
 
@@ -136,8 +148,10 @@ class ProcfsReader:
         host_pid_namespace: bool | None = None,
         resolve_user_names: bool = True,
         user_name: Callable[[int], str | None] | None = None,
+        include_env_vars: Iterable[str] = (),
     ) -> None:
         self._root = proc_root.rstrip("/") or "/"
+        self._env_names = frozenset(name.encode("utf-8") for name in include_env_vars)
         self._configured_ns = host_pid_namespace
         self._host_ns: bool | None = host_pid_namespace
         self._resolve_users = resolve_user_names
@@ -211,15 +225,16 @@ class ProcfsReader:
             return None
         return data.decode("utf-8", "replace").strip() or None
 
-    def exe(self, pid: int) -> str | None:
-        """Return the target of ``/proc/<pid>/exe`` without `` (deleted)``, or None."""
+    def exe_target(self, pid: int) -> str | None:
+        """Return the target of ``/proc/<pid>/exe`` as ``readlink`` gives it, or None (also "")."""
         path = self._path(pid, "exe")
         target = None if path is None else _readlink(path)
-        if target is None:
-            return None
-        if target.endswith(_DELETED):
-            target = target[: -len(_DELETED)]
         return target or None
+
+    def exe(self, pid: int) -> str | None:
+        """Return the target of ``/proc/<pid>/exe`` without `` (deleted)``, or None."""
+        target = self.exe_target(pid)
+        return None if target is None else _strip_deleted(target)
 
     def cmdline(self, pid: int) -> list[str] | None:
         """Return the NUL-separated arguments of ``/proc/<pid>/cmdline`` ([] for kernel threads)."""
@@ -274,17 +289,21 @@ class ProcfsReader:
         if st is None:
             return None
         uid = self.uid(pid)
+        environ = self._read(pid, "environ")
+        cgroup = self._read(pid, "cgroup")
         return ProcessInfo(
             pid=pid,
             start_time_ticks=st.start_time_ticks,
             ppid=st.ppid,
             comm=self.comm(pid),
-            exe_path=self.exe(pid),
+            exe_target=self.exe_target(pid),
             cmdline=_tuple(self.cmdline(pid)),
             uid=uid,
             owner=None if uid is None else self.user_name(uid),
-            environ=self.environ(pid),
-            cgroup=self.cgroup(pid),
+            environ=None if environ is None else parse_environ(environ),
+            env_vars=None if environ is None else select_environ(environ, self._env_names),
+            cgroup=None if cgroup is None else cgroup.decode("utf-8", "replace"),
+            container_id=None if cgroup is None else container_id(cgroup),
         )
 
     def boot_time_ns(self) -> int | None:
@@ -333,6 +352,36 @@ def parse_environ(data: bytes) -> dict[str, bytes]:
             continue
         out.setdefault(key, value)
     return out
+
+
+def select_environ(data: bytes, names: frozenset[bytes]) -> dict[str, bytes]:
+    r"""Return the variables named in ``names`` from NUL-separated ``environ`` bytes.
+
+    The eBPF profiler's rule (``process/process.go``, ``NewEnvVarsEnricher``): each entry is
+    split on its first ``=``; an entry without ``=`` is skipped; the name must equal a configured
+    one exactly; the value is kept verbatim (raw bytes, possibly empty); a repeated name keeps
+    its **last** value (the profiler fills a map in order). Names are decoded as UTF-8 (a
+    configured name always is).
+
+    Examples:
+        >>> select_environ(b"A=1\x00B=x=y\x00A=2\x00C\x00", frozenset({b"A", b"B", b"C"}))
+        {'A': b'2', 'B': b'x=y'}
+
+    """
+    out: dict[str, bytes] = {}
+    if not names:
+        return out
+    for entry in data.split(b"\x00"):
+        name, sep, value = entry.partition(b"=")
+        if sep and name in names:
+            out[name.decode("utf-8")] = value
+    return out
+
+
+def _strip_deleted(target: str) -> str | None:
+    if target.endswith(_DELETED):
+        target = target[: -len(_DELETED)]
+    return target or None
 
 
 def _tuple(items: list[str] | None) -> tuple[str, ...] | None:

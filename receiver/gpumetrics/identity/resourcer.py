@@ -1,29 +1,43 @@
 """``ProcessResourcer``: the one code path that turns a pid into its OTLP resource attributes.
 
-Precedence, lowest first (each later tier overwrites the keys it has; ``docs/identity.md``):
+Two modes (:class:`~gpumetrics.identity.modes.IdentityMode`, ``docs/identity.md``):
 
-1. configuration: ``k8s.node.name`` (in Kubernetes) and ``host.name`` when configured;
-2. procfs/resolver metadata: ``process.owner`` (semconv: recommended; ``process.parent_pid`` is
-   opt-in and not emitted), and the ``k8s.*`` keys a resolver's ``__meta_kubernetes_*`` labels
-   imply;
-3. relabel output labels (only with ``relabel_configs``; :mod:`gpumetrics.identity.labels`);
-4. ``OTEL_RESOURCE_ATTRIBUTES``, then ``OTEL_SERVICE_NAME`` (strict, :mod:`.envparse`);
-5. the OTEP 4719 process-context resource (declared, else read from the ``OTEL_CTX`` mapping);
-6. what the profiler itself sets from its own observation, computed from procfs when not
-   declared: ``container.id`` (cgroup), ``process.executable.path``/``.name``,
-   ``process.creation.time`` (ISO 8601 from the stat start time);
-7. the profiler's own attributes as declared (``container.id``, ``k8s.*``, APM ``service.name``);
-8. always ``process.pid`` (int); and if no tier gave ``service.name``: ``comm``, then the
+``profiler`` (default): the resource equals the process's profile resource.
+
+* Declared with a ``profiler_resource``: exactly those attributes (keys, value types, values),
+  except that ``process.pid`` is always the int pid (as the profiler itself sets it, and as the
+  Producer enforces for every per-process resource).
+* Otherwise: :func:`~gpumetrics.identity.modes.profiler_resource`, the keys the eBPF profiler
+  computes for the same process (``process.pid``, ``process.executable.*``, ``container.id``,
+  ``process.environment_variable.<NAME>`` for the configured names).
+* Relabel rules only drop processes (:func:`~gpumetrics.identity.modes.check_profiler_mode_rules`).
+
+``enriched``: the profiler mode's keys plus more, lowest tier first (a later tier overwrites):
+
+1. relabel output labels (only with ``relabel_configs``; :mod:`gpumetrics.identity.labels`);
+2. what the process says about itself: ``OTEL_RESOURCE_ATTRIBUTES``, then ``OTEL_SERVICE_NAME``
+   (strict, :mod:`.envparse`), then its OTEP 4719 context resource (declared, else read from the
+   ``OTEL_CTX`` mapping). Tiers 1–2 may not set an observed key
+   (:func:`~gpumetrics.identity.modes.is_observed_key`: ``host.*``, ``k8s.node.name``,
+   ``process.pid``, ``process.executable.*``, ``process.owner``, ``process.creation.time``,
+   ``container.id``, ``process.environment_variable.*``): such keys are removed, whatever the
+   sidecar itself knows;
+3. what the sidecar observes or is configured with: ``k8s.node.name`` (in Kubernetes) and
+   ``host.name``; the ``k8s.*`` a resolver's ``__meta_kubernetes_*`` labels imply;
+   ``process.owner``; ``process.creation.time``; the profiler mode's undeclared resource;
+4. the declaring profiler's attributes, verbatim (an authenticated peer: the only one that may
+   set observed keys);
+5. always ``process.pid`` (int); and if no tier gave ``service.name``: ``comm``, then the
    executable basename (parca-agent PR #3230). No ``unknown_service`` is invented.
 
-Tiers 4–7 are the eBPF profiler's order (PR #1343: context over env, then the reporter's own
-values overwrite). A declared field that is empty falls back to our own read of the same thing
-(procfs ``environ``, the ``OTEL_CTX`` mapping).
+Tier 2 is the eBPF profiler PR #1343's order (context over environment). A declared field that
+is empty falls back to our own read of the same thing (procfs ``environ``, the ``OTEL_CTX``
+mapping).
 
 Results are cached per pid and reused while the live start time, the declaration object and the
 process context's publication timestamp are unchanged and the entry is younger than
 ``procfs_ttl_ns`` (``exec`` keeps pid and start time but changes ``comm``/``exe``); a cache hit
-costs one ``stat`` read (plus a 32-byte header read for undeclared processes).
+costs one ``stat`` read (plus a 32-byte header read for undeclared processes in enriched mode).
 """
 
 from __future__ import annotations
@@ -44,6 +58,12 @@ from gpumetrics.identity.declaration import Declared
 from gpumetrics.identity.declared import DeclaredStore
 from gpumetrics.identity.envparse import SERVICE_NAME, env_resource
 from gpumetrics.identity.labels import labels_to_attributes, meta_to_attributes, process_labels
+from gpumetrics.identity.modes import (
+    IdentityMode,
+    check_profiler_mode_rules,
+    is_observed_key,
+    profiler_resource,
+)
 from gpumetrics.identity.processctx import ProcessContext, ProcessContextReader
 from gpumetrics.identity.procfs import ProcessInfo, ProcfsReader
 from gpumetrics.identity.relabel import relabel
@@ -84,13 +104,15 @@ class _Cached:
 
 
 class ProcessResourcer:
-    """Computes per-process resource attributes (see the module docstring for precedence).
+    """Computes per-process resource attributes (see the module docstring for both modes).
 
     Args:
-        procfs: reads ``/proc/<pid>`` (and decides whether host pids may be read there).
+        procfs: reads ``/proc/<pid>`` (and decides whether host pids may be read there); its
+            ``include_env_vars`` are the captured ``process.environment_variable.*`` names.
         declared: the profiler's declarations, or None (procfs and ``OTEL_CTX`` only).
-        context_reader: reads ``OTEL_CTX`` mappings, or None to never read them.
+        context_reader: reads ``OTEL_CTX`` mappings (enriched mode), or None to never read them.
         relabel_configs: validated rules; empty = no relabeling (no process is dropped).
+        mode: ``profiler`` (default) or ``enriched``.
         resolver: extra labels per pid, or None.
         node_name: the node (``k8s.node.name`` in Kubernetes; parca's ``node`` label).
         in_kubernetes: whether the node name is a Kubernetes node name.
@@ -101,6 +123,10 @@ class ProcessResourcer:
         empty_service_name_is_set: see :func:`gpumetrics.identity.envparse.env_resource`.
 
     Thread-safe; procfs is read outside the lock.
+
+    Raises:
+        gpumetrics.identity.relabel_config.RelabelConfigError: in profiler mode, a rule that
+            writes a label (:func:`~gpumetrics.identity.modes.check_profiler_mode_rules`).
 
     """
 
@@ -119,7 +145,11 @@ class ProcessResourcer:
         cache_size: int = 131072,
         clock: Callable[[], int] = time.monotonic_ns,
         empty_service_name_is_set: bool = False,
+        mode: IdentityMode | str = IdentityMode.PROFILER,
     ) -> None:
+        self._mode = IdentityMode(mode)
+        if self._mode is IdentityMode.PROFILER:
+            check_profiler_mode_rules(relabel_configs)
         self._procfs = procfs
         self._declared = declared
         self._ctx = context_reader
@@ -142,14 +172,29 @@ class ProcessResourcer:
         self._lock = threading.Lock()
         self._warned: set[str] = set()
         self._n = dict.fromkeys(
-            ("cache_hits", "cache_misses", "dropped", "env_discarded", "resolver_errors"), 0
+            (
+                "cache_hits",
+                "cache_misses",
+                "dropped",
+                "env_discarded",
+                "env_var_not_utf8",
+                "resolver_errors",
+            ),
+            0,
         )
+
+    @property
+    def mode(self) -> IdentityMode:
+        """The identity mode resources are built in."""
+        return self._mode
 
     def stats(self) -> dict[str, int]:
         """Return the counters.
 
         ``cache_hits``, ``cache_misses``, ``dropped`` (by relabeling), ``env_discarded``
-        (malformed ``OTEL_*`` variables), ``resolver_errors``, ``cached`` (processes).
+        (malformed ``OTEL_*`` variables, enriched mode), ``env_var_not_utf8`` (a configured
+        variable left out because its value is not UTF-8), ``resolver_errors``, ``cached``
+        (processes).
         """
         with self._lock:
             return {**self._n, "cached": len(self._cache)}
@@ -212,7 +257,7 @@ class ProcessResourcer:
     def _read_context(
         self, pid: int, live: int | None, declared: Declared | None
     ) -> ProcessContext | None:
-        if self._ctx is None or live is None:
+        if self._ctx is None or live is None or self._mode is IdentityMode.PROFILER:
             return None
         if declared is not None and declared.has_process_context:
             return None
@@ -243,25 +288,17 @@ class ProcessResourcer:
         declared: Declared | None,
         ctx: ProcessContext | None,
     ) -> dict[str, AttrValue] | None:
-        info: ProcessInfo | None = self._procfs.read(pid) if live is not None else None
+        profiler = declared.profiler_attributes if declared is not None else {}
+        enriched = self._mode is IdentityMode.ENRICHED
+        # profiler mode reads procfs only for its own rules or relabel input
+        needs_procfs = enriched or bool(self._rules) or not profiler
+        info = self._procfs.read(pid) if live is not None and needs_procfs else None
         environ: Mapping[str, bytes] = {}
         if declared is not None and declared.environment:
             environ = declared.environment
         elif info is not None and info.environ:
             environ = info.environ
-        env = env_resource(environ, empty_service_name_is_set=self._empty_sn)
-        if env.errors:
-            with self._lock:
-                self._n["env_discarded"] += len(env.errors)
-            for err in env.errors:
-                self._warn_once(err.split(":", 1)[0], "pid %d: discarded %s", pid, err)
-        if declared is not None and declared.has_process_context:
-            ctx_resource: Mapping[str, AttrValue] = declared.context_resource
-        else:
-            ctx_resource = ctx.resource if ctx is not None else {}
-        profiler = declared.profiler_attributes if declared is not None else {}
-        resolved = self._resolver_labels(pid)
-        cid = info.container_id if info is not None else None
+        resolved = self._resolver_labels(pid) if enriched or self._rules else {}
 
         relabeled: dict[str, str] = {}
         if self._rules:
@@ -274,34 +311,45 @@ class ProcessResourcer:
                 node_name=self._node,
                 in_kubernetes=self._in_k8s,
                 system_labels=self._system,
-                container_id=cid,
+                container_id=info.container_id if info is not None else None,
             )
             out = relabel(labels, self._rules)
             if out is None:
                 return None
             relabeled = labels_to_attributes(out)
 
-        res: dict[str, AttrValue] = {}
+        if not enriched:
+            if profiler:
+                # the profile's resource, attribute for attribute; process.pid is the key the
+                # producer always sets to the int pid (the eBPF profiler's own value)
+                return {**profiler, "process.pid": pid}
+            return self._own(pid, info)
+
+        env = env_resource(environ, empty_service_name_is_set=self._empty_sn)
+        if env.errors:
+            with self._lock:
+                self._n["env_discarded"] += len(env.errors)
+            for err in env.errors:
+                self._warn_once(err.split(":", 1)[0], "pid %d: discarded %s", pid, err)
+        if declared is not None and declared.has_process_context:
+            ctx_resource: Mapping[str, AttrValue] = declared.context_resource
+        else:
+            ctx_resource = ctx.resource if ctx is not None else {}
+
+        said: dict[str, AttrValue] = {**relabeled, **env.attributes, **ctx_resource}
+        res = {k: v for k, v in said.items() if not is_observed_key(k)}
         if self._in_k8s and self._node:
             res["k8s.node.name"] = self._node
         if self._host:
             res["host.name"] = self._host
+        res.update(meta_to_attributes(resolved))
         if info is not None and info.owner:
             res["process.owner"] = info.owner
-        res.update(meta_to_attributes(resolved))
-        res.update(relabeled)
-        res.update(env.attributes)
-        res.update(ctx_resource)
-        if cid:
-            res["container.id"] = cid
-        if info is not None and info.exe_path:
-            res["process.executable.path"] = info.exe_path
-            if info.exe_name:
-                res["process.executable.name"] = info.exe_name
         if start is not None:
             created = self._procfs.creation_time_ns(start)
             if created is not None:
                 res["process.creation.time"] = iso8601_ns(created)
+        res.update(self._own(pid, info))
         res.update(profiler)
         res["process.pid"] = pid
         if SERVICE_NAME not in res:
@@ -310,6 +358,18 @@ class ProcessResourcer:
                 res[SERVICE_NAME] = info.comm
             elif isinstance(exe_name, str) and exe_name:
                 res[SERVICE_NAME] = exe_name
+        return res
+
+    def _own(self, pid: int, info: ProcessInfo | None) -> dict[str, AttrValue]:
+        invalid: list[str] = []
+        res = profiler_resource(pid, info, invalid)
+        if invalid:
+            with self._lock:
+                self._n["env_var_not_utf8"] += len(invalid)
+            for name in invalid:
+                self._warn_once(
+                    f"env_var:{name}", "pid %d: %s is not UTF-8; left off the resource", pid, name
+                )
         return res
 
 
@@ -326,6 +386,8 @@ def new_process_resourcer(
     read_process_context: bool = True,
     procfs: ProcfsReader | None = None,
     context_reader: ProcessContextReader | None = None,
+    mode: IdentityMode | str = IdentityMode.PROFILER,
+    include_env_vars: Sequence[str] = (),
     **options: Any,
 ) -> ProcessResourcer:
     """Build a :class:`ProcessResourcer` (the seed's ``NewProcessResourcer``).
@@ -340,14 +402,21 @@ def new_process_resourcer(
         proc_root: procfs root (e.g. ``/host/proc``).
         host_pid_namespace: whether ``proc_root`` shows host pids (None: detect; F15).
         host_name: ``host.name`` override.
-        read_process_context: read ``OTEL_CTX`` mappings of undeclared processes.
-        procfs: a prepared reader (overrides ``proc_root``/``host_pid_namespace``).
+        read_process_context: read ``OTEL_CTX`` mappings of undeclared processes (enriched
+            mode only; profiler mode never reads them).
+        procfs: a prepared reader (overrides ``proc_root``/``host_pid_namespace``/
+            ``include_env_vars``).
         context_reader: a prepared ``OTEL_CTX`` reader.
+        mode: ``profiler`` (default) or ``enriched`` (:class:`IdentityMode`).
+        include_env_vars: variable names reported as ``process.environment_variable.<NAME>``
+            (the profiler's ``include_env_vars``), for the reader built here.
         **options: passed to :class:`ProcessResourcer` (``procfs_ttl_ns``, ``cache_size``,
             ``clock``, ``empty_service_name_is_set``).
 
     Raises:
-        gpumetrics.identity.relabel_config.RelabelConfigError: an invalid raw rule.
+        gpumetrics.identity.relabel_config.RelabelConfigError: an invalid raw rule, or in
+            profiler mode a rule that writes a label.
+        ValueError: ``mode`` is not an identity mode.
 
     """
     rules: tuple[RelabelConfig, ...] = ()
@@ -358,8 +427,11 @@ def new_process_resourcer(
             if all(isinstance(r, RelabelConfig) for r in items)
             else parse_relabel_configs(items)
         )
-    reader = procfs or ProcfsReader(proc_root, host_pid_namespace=host_pid_namespace)
-    if context_reader is None and read_process_context:
+    mode = IdentityMode(mode)
+    reader = procfs or ProcfsReader(
+        proc_root, host_pid_namespace=host_pid_namespace, include_env_vars=include_env_vars
+    )
+    if context_reader is None and read_process_context and mode is IdentityMode.ENRICHED:
         context_reader = ProcessContextReader(reader.proc_root)
     return ProcessResourcer(
         procfs=reader,
@@ -370,5 +442,6 @@ def new_process_resourcer(
         node_name=node_name,
         in_kubernetes=in_kubernetes,
         host_name=host_name,
+        mode=mode,
         **options,
     )

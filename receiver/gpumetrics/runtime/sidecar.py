@@ -24,7 +24,9 @@ from typing import Any, Protocol
 from gpumetrics.config import ConfigError, SidecarConfig
 from gpumetrics.identity import (
     DeclaredStore,
+    IdentityMode,
     ProcfsReader,
+    check_profiler_mode_rules,
     load_relabel_configs,
     new_process_resourcer,
 )
@@ -164,7 +166,11 @@ class Sidecar:
         ident = config.identity
         telemetry = Telemetry()
         health = SidecarHealth()
-        procfs = ProcfsReader(ident.proc_root, host_pid_namespace=ident.host_pid_namespace)
+        procfs = ProcfsReader(
+            ident.proc_root,
+            host_pid_namespace=ident.host_pid_namespace,
+            include_env_vars=ident.include_env_vars,
+        )
         declared = DeclaredStore(
             **ident.declared.model_dump(),
             pid_max=config.collection.pid_max or DEFAULT_PID_MAX,
@@ -181,10 +187,11 @@ class Sidecar:
             declared,
             node,
             in_k8s,
-            _relabel_rules(ident.relabel_config),
+            _relabel_rules(ident.relabel_config, ident.mode),
             procfs=procfs,
             host_name=ident.host_name,
             read_process_context=ident.read_process_context,
+            mode=ident.mode,
         )
         producer = Producer(
             host_attributes=_host_attributes(config, node, in_k8s),
@@ -219,7 +226,15 @@ class Sidecar:
         p.batcher.start()
         if p.push is not None:
             p.push.start()
-        log.info("sidecar started", extra={"listen": ",".join(p.server.addresses.listen)})
+        ident = self.config.identity
+        log.info(
+            "sidecar started",
+            extra={
+                "listen": ",".join(p.server.addresses.listen),
+                "identity_mode": str(ident.mode),
+                "include_env_vars": ",".join(ident.include_env_vars),
+            },
+        )
 
     def request_stop(self, reason: str) -> None:
         """Ask the main thread to shut down (signal handlers and RPC handlers call this)."""
@@ -283,12 +298,15 @@ class Sidecar:
         return clean
 
 
-def _relabel_rules(path: str | None) -> Any:
+def _relabel_rules(path: str | None, mode: IdentityMode) -> Any:
     if path is None:
         return ()
     try:
         with open(path, "rb") as f:
-            return load_relabel_configs(f.read())
+            rules = load_relabel_configs(f.read())
+        if mode is IdentityMode.PROFILER:
+            check_profiler_mode_rules(rules)
+        return rules
     except OSError as exc:
         raise ConfigError([f"'identity.relabel_config': {path}: {exc.strerror or exc}"]) from None
     except ValueError as exc:

@@ -1,0 +1,194 @@
+"""The two identity modes, the eBPF profiler's own per-process resource, and the observed keys.
+
+``profiler`` (the default) makes a process's GPU resource equal its profile resource:
+
+* declared by a profiler (with a ``profiler_resource``): that resource, attribute for attribute;
+* not declared (yet): :func:`profiler_resource`, the keys the OpenTelemetry eBPF profiler puts
+  on the same process's profiles by its own rules, so the resource does not change when the
+  profiler declares it.
+
+``enriched`` adds what the process says about itself (OTEP 4719 context,
+``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``), a ``service.name`` fallback, relabel output
+labels, ``process.owner``, ``process.creation.time`` and ``host.name``/``k8s.node.name``. Those
+extra keys exist on no profile, so enriched resources do **not** join exactly with profiles.
+
+The eBPF profiler's resource (``go.opentelemetry.io/ebpf-profiler`` v0.0.202633,
+``reporter/internal/pdata/generate.go`` ``setResourceAttributes``; ``process/process.go``
+``GetProcessMeta``, ``parseContainerID``, ``NewEnvVarsEnricher``):
+
+* ``process.pid``: int;
+* ``process.executable.path``: the target of ``/proc/<pid>/exe`` as ``readlink`` gives it, and
+  ``process.executable.name``: what follows its last ``/`` (both absent when unreadable);
+* ``container.id``: :func:`gpumetrics.identity.cgroup.container_id` (absent when none);
+* ``process.environment_variable.<NAME>``: for each configured name (its ``-env-vars`` /
+  ``include_env_vars``) present in ``/proc/<pid>/environ``, the value verbatim;
+* ``service.name`` only from its APM-agent integration, which the sidecar cannot see, so it is
+  never computed here (a declaration carries it).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+
+from gpumetrics.identity.attrs import AttrValue
+from gpumetrics.identity.procfs import ProcessInfo
+from gpumetrics.identity.relabel_config import Action, RelabelConfig, RelabelConfigError
+
+__all__ = [
+    "ENV_VAR_PREFIX",
+    "MAX_INCLUDE_ENV_VARS",
+    "OBSERVED_KEYS",
+    "IdentityMode",
+    "check_profiler_mode_rules",
+    "is_observed_key",
+    "profiler_resource",
+    "validate_env_var_names",
+]
+
+ENV_VAR_PREFIX = "process.environment_variable."
+"""Semconv ``process.environment_variable.<key>``: the profiler's key for a captured variable."""
+
+MAX_INCLUDE_ENV_VARS = 256
+"""Most environment variable names that may be configured (as a declaration's ``environment``)."""
+
+OBSERVED_KEYS = frozenset(
+    {
+        "k8s.node.name",
+        "process.pid",
+        "process.executable.name",
+        "process.executable.path",
+        "process.owner",
+        "process.creation.time",
+        "container.id",
+    }
+)
+"""Keys only the sidecar's own observation or configuration (or a declaring profiler) may set;
+``host.*`` and ``process.environment_variable.*`` too (:func:`is_observed_key`)."""
+
+_OBSERVED_PREFIXES = ("host.", ENV_VAR_PREFIX)
+
+
+class IdentityMode(enum.StrEnum):
+    """How per-process resources are built (``identity.mode``)."""
+
+    PROFILER = "profiler"
+    """The profiler's resource: equal, key for key, to the process's profile resource."""
+    ENRICHED = "enriched"
+    """The profiler's keys plus the process's own declarations and fallbacks (no exact join)."""
+
+
+def is_observed_key(key: str) -> bool:
+    """Whether ``key`` is observed or configured identity that a process cannot override.
+
+    ``host.*``, ``k8s.node.name``, ``process.pid``, ``process.executable.*``,
+    ``process.owner``, ``process.creation.time``, ``container.id`` and
+    ``process.environment_variable.*``: a process naming itself after another host, container
+    or executable would move its GPU metrics there.
+
+    Examples:
+        >>> is_observed_key("host.name"), is_observed_key("service.name")
+        (True, False)
+
+    """
+    return key in OBSERVED_KEYS or key.startswith(_OBSERVED_PREFIXES)
+
+
+def profiler_resource(
+    pid: int, info: ProcessInfo | None, invalid_env: list[str] | None = None
+) -> dict[str, AttrValue]:
+    """Return the resource the eBPF profiler gives ``pid``'s profiles (module docstring).
+
+    Args:
+        pid: host pid.
+        info: what procfs shows for ``pid`` (read with the configured ``include_env_vars``), or
+            None when it is not visible: then only ``process.pid``.
+        invalid_env: receives the name of each configured variable whose value is not UTF-8
+            (left out: an OTLP string must be UTF-8, so the profiler's raw bytes cannot be
+            reproduced).
+
+    Returns:
+        ``process.pid`` (int), then ``container.id``, ``process.executable.path``/``.name`` and
+        ``process.environment_variable.<NAME>`` where known (``str``).
+
+    """
+    res: dict[str, AttrValue] = {"process.pid": pid}
+    if info is None:
+        return res
+    if info.container_id:
+        res["container.id"] = info.container_id
+    if info.exe_target:
+        res["process.executable.path"] = info.exe_target
+        res["process.executable.name"] = info.exe_target.rsplit("/", 1)[-1]
+    for name, raw in (info.env_vars or {}).items():
+        try:
+            res[ENV_VAR_PREFIX + name] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            if invalid_env is not None:
+                invalid_env.append(name)
+    return res
+
+
+def validate_env_var_names(names: Iterable[object]) -> tuple[str, ...]:
+    """Return configured environment variable names, checked, in order, without duplicates.
+
+    The profiler trims each name of its comma-separated ``-env-vars`` and drops empty ones; a
+    list item here must already be a name: a non-empty string without ``=``, NUL or surrounding
+    whitespace (no ``environ`` entry could match it otherwise).
+
+    Raises:
+        ValueError: ``[i]: reason`` for the first bad name, or too many names.
+
+    Examples:
+        >>> validate_env_var_names(["OTEL_SERVICE_NAME", "CUDA_VISIBLE_DEVICES"])
+        ('OTEL_SERVICE_NAME', 'CUDA_VISIBLE_DEVICES')
+
+    """
+    out: dict[str, None] = {}
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"[{i}]: must be a non-empty string, got {name!r}")
+        if name != name.strip():
+            raise ValueError(f"[{i}]: {name!r} has surrounding whitespace")
+        if "=" in name or "\x00" in name:
+            raise ValueError(f"[{i}]: {name!r} cannot contain '=' or NUL")
+        out[name] = None
+    if len(out) > MAX_INCLUDE_ENV_VARS:
+        raise ValueError(f"{len(out)} names exceed the limit of {MAX_INCLUDE_ENV_VARS}")
+    return tuple(out)
+
+
+_WRITES_TARGET = frozenset({Action.REPLACE, Action.HASHMOD, Action.LOWERCASE, Action.UPPERCASE})
+_TEMPORARY = "__"
+
+
+def check_profiler_mode_rules(rules: Sequence[RelabelConfig]) -> None:
+    """Refuse relabel rules that could only change a resource, in ``identity.mode: profiler``.
+
+    In profiler mode relabeling only chooses which processes are reported (``keep``, ``drop``,
+    ``keepequal``, ``dropequal``; ``labeldrop``/``labelkeep`` and rules writing a temporary
+    ``__``-prefixed label may prepare them); no output label becomes an attribute, because an
+    added or renamed key would make the GPU resource differ from the profile resource. A rule
+    writing any other label (``replace``, ``hashmod``, ``lowercase``, ``uppercase`` with such a
+    ``target_label``, ``labelmap`` with such a ``replacement``) is therefore refused rather than
+    silently ignored.
+
+    Raises:
+        RelabelConfigError: ``relabel_configs[i].target_label`` (or ``.replacement``) naming the
+            label and what to do instead.
+
+    """
+    for i, rule in enumerate(rules):
+        if rule.action in _WRITES_TARGET:
+            field, label = "target_label", rule.target_label
+        elif rule.action is Action.LABELMAP:
+            field, label = "replacement", rule.replacement
+        else:
+            continue
+        if not label.startswith(_TEMPORARY):
+            raise RelabelConfigError(
+                f"relabel_configs[{i}].{field}: action {rule.action.value} writes label "
+                f"{label!r}; identity.mode 'profiler' adds no label to a resource (it must equal "
+                "the profile resource), so only keep/drop rules and temporary '__' labels are "
+                "allowed; set identity.mode to 'enriched' to add labels"
+            )
