@@ -293,3 +293,39 @@ def test_allow_insecure_listen_from_a_flag_or_the_environment(how, monkeypatch):
     config = load_config(None, environ, serve_overrides(build_parser().parse_args(argv)))
     assert config.server.allow_insecure_listen is True
     assert config.server.listen == ["0.0.0.0:4319"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "error"),
+    [
+        (
+            ["serve", "--simulte"],
+            "usage: gpumetrics serve ",
+            "gpumetrics serve: error: unrecognized argument --simulte; did you mean --simulate?",
+        ),
+        (
+            ["serve", "--listen=127.0.0.1:0", "--pull-tokn-file=/t"],
+            "usage: gpumetrics serve ",
+            "gpumetrics serve: error: unrecognized argument --pull-tokn-file=/t; did you mean "
+            "--pull-token-file?",
+        ),
+        (
+            ["pull", "127.0.0.1:4319", "--formt", "text"],
+            "usage: gpumetrics pull ",
+            "gpumetrics pull: error: unrecognized argument --formt; did you mean --format?",
+        ),
+        (
+            ["serve", "--zzzz"],
+            "usage: gpumetrics serve ",
+            "gpumetrics serve: error: unrecognized argument --zzzz; see gpumetrics serve --help",
+        ),
+    ],
+)
+def test_a_mistyped_flag_prints_its_commands_usage_and_the_closest_flag(capsys, argv, usage, error):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(usage), err
+    assert err.rstrip().splitlines()[-1] == error
