@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 from gpumetrics.service.auth import AuthPolicy, TokenAuth, read_token_file
@@ -42,9 +41,11 @@ from gpumetrics.service.names import (
     PROFILER_SERVICE,
     PULL_SERVICE,
     REFLECTION_SERVICE,
+    REFLECTION_V1_SERVICE,
 )
 from gpumetrics.service.profiler import DeclaredStoreAPI, ProfilerServicer
 from gpumetrics.service.pull import PullServicer
+from gpumetrics.service.reflection import enable_reflection
 from gpumetrics.service.settings import (
     ENVELOPE_BYTES,
     ListenAddress,
@@ -62,6 +63,7 @@ _BASE_POLICIES = {
     PROFILER_SERVICE: AuthPolicy.DECLARE,
     HEALTH_SERVICE: AuthPolicy.NONE,
     REFLECTION_SERVICE: AuthPolicy.ANY,
+    REFLECTION_V1_SERVICE: AuthPolicy.ANY,
 }
 _HEALTH_WORKERS = 2
 
@@ -327,7 +329,7 @@ class SidecarServer:
         if s.reflection:
             for g in (self._main, self._profiler):
                 if g is not None:
-                    reflection.enable_server_reflection([*g.services, REFLECTION_SERVICE], g.server)
+                    enable_reflection(g.server, g.services)
         for g in self._groups():
             g.server.start()
 
