@@ -55,12 +55,13 @@ class RecordingStub:
     def __init__(self, clock: FakeClock, failures: int, attempt_s: float = 0.0) -> None:
         self.clock, self.failures, self.attempt_s = clock, failures, attempt_s
         self.calls: list[tuple[float, float]] = []  # (when, timeout)
+        self.details = "failed to connect to all addresses; Connection refused"
 
     def Pull(self, request, timeout, metadata):  # noqa: N802 - the gRPC method's name
         self.calls.append((self.clock.now, timeout))
         if len(self.calls) <= self.failures:
             self.clock.now += self.attempt_s
-            raise Unavailable("failed to connect to all addresses; Connection refused")
+            raise Unavailable(self.details)
         return pull_pb2.PullResponse(epoch="e")
 
 
@@ -113,6 +114,32 @@ def test_without_wait_a_refused_connection_is_one_attempt():
     with pytest.raises(client.CommandError, match=r"is the sidecar running\? \(`--wait N`"):
         client._pull_waiting(stub, pull_pb2.PullRequest(), pull_args(), (), clock, clock.sleep)
     assert len(stub.calls) == 1 and clock.now == 1000.0  # no pause, no retry
+
+
+def test_a_tls_failure_is_not_called_a_missing_sidecar():
+    clock = FakeClock()
+    stub = RecordingStub(clock, failures=1)
+    stub.details = (
+        "failed to connect to all addresses; last error: UNAVAILABLE: Ssl handshake failed"
+    )
+    with pytest.raises(client.CommandError) as info:
+        client._pull_waiting(stub, pull_pb2.PullRequest(), pull_args(), (), clock, clock.sleep)
+    assert str(info.value) == (
+        "pull 127.0.0.1:4319: UNAVAILABLE: failed to connect to all addresses; last error: "
+        "UNAVAILABLE: Ssl handshake failed"  # no hint: neither a missing nor a starting sidecar
+    )
+
+
+def test_a_starting_sidecar_gets_the_wait_hint():
+    clock = FakeClock()
+    stub = RecordingStub(clock, failures=1)
+    stub.details = "no collection has been stored yet; retry later"
+    with pytest.raises(client.CommandError) as info:
+        client._pull_waiting(stub, pull_pb2.PullRequest(), pull_args(), (), clock, clock.sleep)
+    assert str(info.value) == (
+        "pull 127.0.0.1:4319: UNAVAILABLE: no collection has been stored yet; retry later (the "
+        "sidecar is starting: `--wait N` waits for its first collection)"
+    )
 
 
 def test_a_refused_connection_fails_at_once_not_at_the_deadline(capsys):

@@ -278,15 +278,19 @@ def _check_times(args: argparse.Namespace) -> None:
         raise CommandError(f"--wait {args.wait:g}: must be 0 or more seconds", 2)
 
 
+_NOTHING_LISTENS = ("Connection refused", "No such file or directory")
+"""How grpc's UNAVAILABLE details end when nothing listens (TCP, unix socket): not a TLS failure."""
+
+
 def _hint(err: grpc.RpcError, args: argparse.Namespace, budget_s: float) -> str:
     code = err.code()
     details = str(err.details() or "")
-    if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details:
+    if code == grpc.StatusCode.UNAVAILABLE and any(s in details for s in _NOTHING_LISTENS):
         if args.wait > 0:
             return f"; nothing answered within --wait {args.wait:g} s: is the sidecar running?"
         return "; is the sidecar running? (`--wait N` waits for it)"
-    if code == grpc.StatusCode.UNAVAILABLE and args.wait <= 0:
-        return " (`--wait N` waits for the sidecar's first collection)"
+    if code == grpc.StatusCode.UNAVAILABLE and "no collection" in details and args.wait <= 0:
+        return " (the sidecar is starting: `--wait N` waits for its first collection)"
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return f"; no answer within {budget_s:g} s (--timeout, --wait)"
     return ""
