@@ -102,7 +102,8 @@ def test_serve_simulate_then_pull_json_shows_device_metrics_and_sigterm_exits_0(
             (
                 "info",
                 f"ready: config none; listen {address} [pull: no token, declare: no token]; "
-                f"TLS off; relabel rules 0; NVML simulated (default), driver {version}, 8 GPUs",
+                "TLS off; relabel rules 0; "
+                f"NVML simulated (h100-8x-training), driver {version}, 8 GPUs",
             )
         ]
     finally:

@@ -291,8 +291,13 @@ class Sidecar:
 
     def _summary(self, server: SidecarServer, collector: CollectorLike) -> StartupSummary:
         devices = getattr(collector, "devices", None)
+        simulated = self.config.runtime.simulate
+        if simulated == "default":
+            from gpumetrics.nvml import sim
+
+            simulated = sim.DEFAULT_PROFILE
         nvml = NvmlFacts(
-            simulated=self.config.runtime.simulate,
+            simulated=simulated,
             driver_version=getattr(collector, "driver_version", None),
             gpus=len(devices()) if callable(devices) else None,
         )
