@@ -33,9 +33,10 @@ func closedTCPEndpoint(t *testing.T) string {
 }
 
 // TestRemoteUnreachableSidecarIsOneWarning: scrapes against an endpoint where nothing listens
-// log one WARN with the endpoint and the next try (then DEBUG), gRPC never attempts a connection
-// of its own (its channel stays IDLE, so it logs no "createTransport failed" line), and the first
-// scrape that gets through logs one INFO and is served over a READY channel.
+// fail when their deadline ends (the Pull waits for the endpoint, probing it, as gRPC's
+// wait-for-ready would), log one WARN with the endpoint and the next try (then DEBUG); gRPC never
+// attempts a connection of its own (its channel stays IDLE, so it logs no "createTransport
+// failed" line); the first scrape that gets through logs one INFO and uses a READY channel.
 func TestRemoteUnreachableSidecarIsOneWarning(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -67,18 +68,18 @@ func TestRemoteUnreachableSidecarIsOneWarning(t *testing.T) {
 			endpoint, listen := tt.endpoint(t)
 			env := newTestEnv(t)
 			s := newScraper(t, env, remoteConfig(endpoint))
-			clock := useFakeClock(s, time.Now())
+			useFakeClock(s, time.Now())
 			for range 3 {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 				_, err := s.scrape(ctx)
 				cancel()
 				var down *sidecar.UnreachableError
 				require.ErrorAs(t, err, &down)
 				assert.Equal(t, codes.Unavailable, status.Code(errors.Unwrap(err)), "retried like a starting sidecar")
-				assert.Contains(t, err.Error(), "pull from the gpumetrics sidecar (retries: ")
+				assert.Contains(t, err.Error(), "pull from the gpumetrics sidecar")
 				assert.Contains(t, err.Error(), "the gpumetrics sidecar at "+endpoint+" is unreachable: ")
+				assert.Contains(t, err.Error(), tt.dialErr, "the dial error, not the deadline")
 			}
-			assert.NotEmpty(t, clock.recorded(), "each scrape retried within its budget")
 
 			logged := env.logs.FilterMessage(unreachableMsg)
 			require.Equal(t, 3, logged.Len())
@@ -145,7 +146,7 @@ func TestRemoteChannelLeftRetryingIsReplaced(t *testing.T) {
 	require.NotEqual(t, connectivity.Idle, remote.State(), "gRPC tried and is retrying by itself")
 
 	require.NoError(t, lis.Close())
-	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
 	_, err = s.scrape(ctx)
 	cancel()
 	var down *sidecar.UnreachableError

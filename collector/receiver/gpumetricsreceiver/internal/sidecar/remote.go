@@ -37,6 +37,13 @@ var reconnectBackoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multipl
 // minConnectTimeout bounds one connection attempt.
 const minConnectTimeout = 5 * time.Second
 
+// Probes of an unreachable endpoint within one Pull start probeInitialDelay apart and grow ×1.6
+// up to probeMaxDelay, so a sidecar that comes back is found within a second.
+const (
+	probeInitialDelay = 100 * time.Millisecond
+	probeMaxDelay     = time.Second
+)
+
 // UnreachableError is the error of a Pull that was not sent because nothing accepted a
 // connection at the endpoint. It is a gRPC UNAVAILABLE (status.Code), so a scrape retries it
 // as it retries a starting sidecar.
@@ -64,18 +71,22 @@ func (e *UnreachableError) GRPCStatus() *status.Status {
 // timeout), so a sidecar that restarts between two pulls is waited for, and one that is down
 // shows up as a failed Pull carrying the connection error, never as a failed DialRemote.
 //
-// Before a Pull on a connection that is not READY, the endpoint is dialled once (a plain TCP or
-// unix connect, closed at once; TLS and gRPC are not spoken). When nothing accepts it, the Pull
-// fails at once with an *UnreachableError and gRPC is not asked to connect: each failed gRPC
-// connection attempt logs a "createTransport failed" WARN line through the Collector's gRPC
-// logger, and a channel whose attempt failed keeps retrying by itself (every 5 s at most,
-// reconnectBackoff), so an unreachable sidecar filled the log. A channel left retrying after a
-// failed attempt is replaced by a fresh, idle one.
+// Before a Pull on a connection that is not READY, the endpoint is dialled (a plain TCP or unix
+// connect, closed at once; TLS and gRPC are not spoken), again and again with a backoff of
+// 100 ms growing to 1 s until it accepts or the Pull's context ends; only then is gRPC asked to
+// connect. A Pull to an endpoint that stays unreachable fails when its context ends, with an
+// *UnreachableError carrying the dial error. Each failed gRPC connection attempt logs a
+// "createTransport failed" WARN line through the Collector's gRPC logger, and a channel whose
+// attempt failed keeps retrying by itself (every 5 s at most, reconnectBackoff), so an
+// unreachable sidecar filled the log; now gRPC only connects to a listening endpoint. A channel
+// left retrying after a failed attempt is replaced by a fresh, idle one.
 type Remote struct {
 	target  string
 	network string // "tcp" or "unix"
 	address string // host:port, or the socket path
 	opts    []grpc.DialOption
+	// probed, when set (tests), is called with the outcome of every probe.
+	probed func(error)
 
 	mu   sync.Mutex
 	conn *grpc.ClientConn
@@ -139,20 +150,49 @@ func (r *Remote) State() connectivity.State {
 }
 
 // Pull calls MetricsPullService/Pull on the sidecar; on a connection that is not READY, only
-// after a probe found the endpoint reachable (see Remote).
+// once a probe found the endpoint reachable within ctx (see Remote).
 func (r *Remote) Pull(ctx context.Context, req *gpumetricsv1.PullRequest) (*gpumetricsv1.PullResponse, error) {
 	r.mu.Lock()
 	pull, conn := r.pull, r.conn
 	r.mu.Unlock()
 	if state := conn.GetState(); state != connectivity.Ready {
-		if err := r.probe(ctx); err != nil {
-			if state == connectivity.TransientFailure || state == connectivity.Connecting {
-				r.replace(conn) // stop its own reconnection attempts
+		err := r.probe(ctx)
+		if err != nil && (state == connectivity.TransientFailure || state == connectivity.Connecting) {
+			r.replace(conn) // stop its own reconnection attempts
+			r.mu.Lock()
+			pull = r.pull
+			r.mu.Unlock()
+		}
+		if err != nil {
+			if err = r.waitReachable(ctx, err); err != nil {
+				return nil, err
 			}
-			return nil, err
 		}
 	}
 	return pull.Pull(ctx, req)
+}
+
+// waitReachable probes again, with the probe backoff, until the endpoint accepts a connection
+// (nil) or ctx ends: then it returns the last probe's error.
+func (r *Remote) waitReachable(ctx context.Context, last error) error {
+	delay := probeInitialDelay
+	for {
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return last
+		case <-t.C:
+		}
+		err := r.probe(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() == nil {
+			last = err // a dial cut short by ctx says less than the one before
+		}
+		delay = min(delay*16/10, probeMaxDelay)
+	}
 }
 
 // probe dials the endpoint once, within ctx and minConnectTimeout, and closes the connection.
@@ -161,10 +201,14 @@ func (r *Remote) probe(ctx context.Context) error {
 	defer cancel()
 	c, err := (&net.Dialer{}).DialContext(ctx, r.network, r.address)
 	if err != nil {
-		return &UnreachableError{Endpoint: r.target, Err: err}
+		err = &UnreachableError{Endpoint: r.target, Err: err}
+	} else {
+		_ = c.Close() // it was accepted: reachable
 	}
-	_ = c.Close() // it was accepted: reachable
-	return nil
+	if r.probed != nil {
+		r.probed(err)
+	}
+	return err
 }
 
 // replace swaps old, a channel retrying by itself, for a fresh idle one.
