@@ -38,10 +38,10 @@ var reconnectBackoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multipl
 const minConnectTimeout = 5 * time.Second
 
 // Probes of an unreachable endpoint within one Pull start probeInitialDelay apart and grow ×1.6
-// up to probeMaxDelay, so a sidecar that comes back is found within a second.
+// up to probeMaxDelay, so a sidecar that comes back is found within half a second.
 const (
 	probeInitialDelay = 100 * time.Millisecond
-	probeMaxDelay     = time.Second
+	probeMaxDelay     = 500 * time.Millisecond
 )
 
 // UnreachableError is the error of a Pull that was not sent because nothing accepted a
@@ -73,7 +73,7 @@ func (e *UnreachableError) GRPCStatus() *status.Status {
 //
 // Before a Pull on a connection that is not READY, the endpoint is dialled (a plain TCP or unix
 // connect, closed at once; TLS and gRPC are not spoken), again and again with a backoff of
-// 100 ms growing to 1 s until it accepts or the Pull's context ends; only then is gRPC asked to
+// 100 ms growing to 0.5 s until it accepts or the Pull's context ends; only then is gRPC asked to
 // connect. A Pull to an endpoint that stays unreachable fails when its context ends, with an
 // *UnreachableError carrying the dial error. Each failed gRPC connection attempt logs a
 // "createTransport failed" WARN line through the Collector's gRPC logger, and a channel whose
