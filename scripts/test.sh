@@ -20,8 +20,8 @@ if [ ! -x "${VENV:-.venv}/bin/python" ] || ! compgen -G "${XDG_CACHE_HOME:-$HOME
 == first run: downloads about 300 MB of Python packages into .venv (PyPI) and buf (npm), Go
    modules for the receiver's tests (Go module proxy) and, for the end-to-end stage, the
    Collector Builder and grpcurl, then builds otelcol-gpumetrics: about 3 GB in ~/go and ~/.cache,
-   4-5 minutes on 2 cores. Later runs take about a minute and a half (nothing is downloaded and
-   the Collector binary is cached). GPUMETRICS_SKIP_E2E=1 skips the build and the e2e stage.
+   4-5 minutes on 2 cores. Later runs download nothing and reuse the cached Collector binary.
+   GPUMETRICS_SKIP_E2E=1 skips the Collector build and the end-to-end stage.
 NOTICE
 fi
 VENV=${VENV:-.venv}
