@@ -321,9 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     elif ns.command == "compare":
         pull: dict[str, Any] = {"resourceMetrics": []}  # the newest point of each series wins
         for path in ns.pull:
-            pull["resourceMetrics"] += json.loads(path.read_text(encoding="utf-8")).get(
-                "resourceMetrics", []
-            )
+            text = path.read_text(encoding="utf-8")  # empty: the pull had no new batches
+            pull["resourceMetrics"] += json.loads(text or "{}").get("resourceMetrics", [])
         _write(ns.out, "compare.json", compare(pull, _read(ns.out, ns.smi) or {}))
     else:
         (ns.out / "summary.md").write_text(summary(ns.out), encoding="utf-8")

@@ -20,6 +20,16 @@
 # last, and the exit status is 1 when any stage failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# First run (no virtual environment or no cached Collector yet): say what is downloaded and how long.
+if [ ! -x "${VENV:-.venv}/bin/python" ] || ! compgen -G "${XDG_CACHE_HOME:-$HOME/.cache}/gpumetrics/otelcol-*" >/dev/null; then
+  cat >&2 <<'NOTICE'
+== first run: downloads about 300 MB of Python packages into .venv (PyPI) and buf (npm), Go
+   modules for the receiver's tests (Go module proxy) and, for the end-to-end stage, the
+   Collector Builder and grpcurl, then builds otelcol-gpumetrics: about 3 GB in ~/go and ~/.cache,
+   4-5 minutes on 2 cores. Later runs download nothing and reuse the cached Collector binary.
+   GPUMETRICS_SKIP_E2E=1 skips the Collector build and the end-to-end stage.
+NOTICE
+fi
 VENV=${VENV:-.venv}
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"

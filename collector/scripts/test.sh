@@ -6,8 +6,15 @@
 # Environment:
 #   PYTHON     Python with grpcio-tools, for the freshness check (see scripts/gen-proto.sh)
 #   HADOLINT   the hadolint binary (default: hadolint on PATH, else the repository's .venv)
+#   GPUMETRICS_SIDECAR  the gpumetrics console script the receiver's tests start through the real
+#              go-plugin host (default: next to PYTHON when that has one; without it those tests
+#              look in the repository's .venv and are skipped when it has none)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ -z "${GPUMETRICS_SIDECAR:-}" ] && [ -n "${PYTHON:-}" ] && [ -x "$(dirname "$PYTHON")/gpumetrics" ]; then
+  GPUMETRICS_SIDECAR=$(cd "$(dirname "$PYTHON")" && pwd)/gpumetrics
+  export GPUMETRICS_SIDECAR
+fi
 
 echo "== collector: generated Go code is fresh"
 tmp=$(mktemp -d)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import gpumetrics
@@ -37,9 +36,14 @@ def test_pull_json_is_otlp_json_and_acknowledges(running, capsys):
     assert '"resourceMetrics"' in out  # protobuf JSON mapping: lowerCamelCase names
     (consumer,) = [c for c in sidecar.parts.store.stats().consumers if c.name == "c1"]
     assert consumer.acked_sequence == 1
-    # the acknowledged batch is not delivered again to the same consumer
-    code, out, _ = run(capsys, "pull", address, "--consumer", "c1")
-    assert code == 0 and json.loads(out) == {}
+    # the acknowledged batch is not delivered again to the same consumer: stdout stays empty
+    # (valid input for `jq`, which prints nothing), and stderr says why
+    code, out, err = run(capsys, "pull", address, "--consumer", "c1")
+    epoch = sidecar.parts.store.epoch
+    assert (code, out) == (0, "")
+    assert err == f"no new batches for consumer 'c1' (epoch {epoch})\n"
+    code, out, err = run(capsys, "pull", address, "--consumer", "c1", "--format", "text")
+    assert (code, out, err) == (0, f"no new batches for consumer 'c1' (epoch {epoch})\n", "")
 
 
 def test_pull_no_ack_leaves_the_cursor(running, capsys):
@@ -273,8 +277,12 @@ def test_serving_on_a_live_unix_socket_is_one_clear_line(tmp_path, capsys):
     finally:
         live.close()
     err = capsys.readouterr().err
-    assert code == 1
-    assert "is in use by a running server" in err and "Traceback" not in err
+    assert code == 2  # a configuration problem: choose another path
+    assert err.splitlines()[-1] == (
+        f"gpumetrics: 'server.listen[0]' (from flag --listen): unix socket '{path}' is in use by "
+        "a running server; stop it or choose another path"
+    )
+    assert "Traceback" not in err and "stopped" not in err  # the undone start says nothing
     import nvmlsim as sim
 
     assert sim.installed() is None  # the failed start undid the simulation it installed
@@ -322,3 +330,39 @@ def test_allow_insecure_listen_from_a_flag_or_the_environment(how, monkeypatch):
     config = load_config(None, environ, serve_overrides(build_parser().parse_args(argv)))
     assert config.server.allow_insecure_listen is True
     assert config.server.listen == ["0.0.0.0:4319"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "error"),
+    [
+        (
+            ["serve", "--simulte"],
+            "usage: gpumetrics serve ",
+            "gpumetrics serve: error: unrecognized argument --simulte; did you mean --simulate?",
+        ),
+        (
+            ["serve", "--listen=127.0.0.1:0", "--pull-tokn-file=/t"],
+            "usage: gpumetrics serve ",
+            "gpumetrics serve: error: unrecognized argument --pull-tokn-file=/t; did you mean "
+            "--pull-token-file?",
+        ),
+        (
+            ["pull", "127.0.0.1:4319", "--formt", "text"],
+            "usage: gpumetrics pull ",
+            "gpumetrics pull: error: unrecognized argument --formt; did you mean --format?",
+        ),
+        (
+            ["serve", "--zzzz"],
+            "usage: gpumetrics serve ",
+            "gpumetrics serve: error: unrecognized argument --zzzz; see gpumetrics serve --help",
+        ),
+    ],
+)
+def test_a_mistyped_flag_prints_its_commands_usage_and_the_closest_flag(capsys, argv, usage, error):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(usage), err
+    assert err.rstrip().splitlines()[-1] == error

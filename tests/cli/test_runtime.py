@@ -191,3 +191,86 @@ def test_a_simulated_node_checks_pids_against_linux_largest_pid_max_unless_confi
     assert seen["pid_max"] == 32768
     Sidecar(config(), collector_factory=factory, simulate=installed.append)
     assert seen["pid_max"] is None  # a real node reads /proc/sys/kernel/pid_max
+
+
+class DriverStub(StubCollector):
+    """A stub collector that also reports what NVML told it (as the real Collector does)."""
+
+    driver_version = "550.54.15"
+
+    def devices(self):
+        return ["GPU-0", "GPU-1"]
+
+
+def test_one_startup_summary_line_when_ready(tmp_path, caplog):
+    pull_token, declare_token = tmp_path / "pull.token", tmp_path / "declare.token"
+    pull_token.write_text("0123456789abcdef-pull\n")
+    declare_token.write_text("0123456789abcdef-declare\n")
+    relabel = tmp_path / "relabel.yaml"
+    relabel.write_text(
+        "- {source_labels: [__meta_process_executable_name], regex: python, action: keep}\n"
+        "- {target_label: team, replacement: ml}\n"
+    )
+    profiler = tmp_path / "profiler.sock"
+    cfg = config(
+        server={
+            "listen": ["127.0.0.1:0"],
+            "profiler_listen": [f"unix:{profiler}"],
+            "health_listen": "127.0.0.1:0",
+            "pull_token_file": str(pull_token),
+            "declare_token_file": str(declare_token),
+        },
+        identity={"relabel_config": str(relabel)},
+    )
+    ticker, made = ManualTicker(), []
+    sidecar = Sidecar(
+        cfg,
+        collector_factory=lambda *a: made.append(DriverStub(*a)) or made[0],
+        batch_wait=ticker.wait,
+        config_file="/etc/gpumetrics/gpumetrics.yaml",
+    )
+    caplog.set_level("INFO", logger="gpumetrics")
+    try:
+        sidecar.start()
+        made[0].record()
+        made[0].ready.set()
+        ticker.tick()
+        ticker.tick()  # a second batch: the summary is not repeated
+        addresses = sidecar.parts.server.addresses
+    finally:
+        ticker.stop()
+        sidecar.shutdown(5)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready: ")]
+    assert lines == [
+        "ready: config /etc/gpumetrics/gpumetrics.yaml; "
+        f"listen {addresses.listen[0]} [pull: token]; "
+        f"profiler_listen unix://{profiler} [declare: token]; "
+        f"health_listen {addresses.health_listen[0]} [health: no token]; "
+        "TLS off; relabel rules 2; NVML real, driver 550.54.15, 2 GPUs"
+    ]
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("ready: ")]
+    assert record.levelname == "INFO"
+
+
+def test_the_summary_of_a_simulated_node_without_a_file_or_tokens():
+    from gpumetrics.runtime.summary import NvmlFacts, StartupSummary
+    from gpumetrics.service import BoundAddresses, ServerSettings
+
+    sidecar = Sidecar(
+        config(runtime={"simulate": "h100-sxm"}),
+        collector_factory=lambda *a: StubCollector(*a),
+        simulate=lambda spec: False,  # not installed: this test only reads the summary
+    )
+    try:
+        sidecar.start()
+        assert sidecar.summary().message() == (
+            f"ready: config none; listen {sidecar.parts.server.addresses.listen[0]} "
+            "[pull: no token, declare: no token]; TLS off; relabel rules 0; "
+            "NVML simulated (h100-sxm), driver unknown, GPUs unknown"
+        )
+    finally:
+        sidecar.shutdown(5)
+    assert NvmlFacts(None, "580.65.06", 1).text() == "real, driver 580.65.06, 1 GPU"
+    mtls = ServerSettings(tls_cert_file="c.pem", tls_key_file="k.pem", tls_client_ca_file="ca")
+    summary = StartupSummary.build(mtls, BoundAddresses(), None, 0, NvmlFacts(None, None, 0))
+    assert summary.tls == "on (mTLS)" and summary.nvml.text() == "real, driver unknown, 0 GPUs"

@@ -52,7 +52,8 @@ def test_serve_simulate_then_pull_json_shows_device_metrics_and_sigterm_exits_0(
                 records.put(json.loads(line))
         records.put(None)
 
-    threading.Thread(target=pump, daemon=True).start()
+    pumping = threading.Thread(target=pump, daemon=True)
+    pumping.start()
     try:
         address = None
         while address is None:
@@ -92,6 +93,20 @@ def test_serve_simulate_then_pull_json_shows_device_metrics_and_sigterm_exits_0(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, "".join(stderr)
         assert proc.stdout.read() == ""  # logs go to stderr only
+        pumping.join(30)
+        logged = [json.loads(line) for line in stderr if line.startswith("{")]
+        (driver,) = [r["@message"] for r in logged if r["@message"].startswith("NVML initialised")]
+        version = driver.removeprefix("NVML initialised (driver ").removesuffix(")")
+        # the start-up summary: once, at INFO, with what NVML said
+        ready = [(r["@level"], r["@message"]) for r in logged if r["@message"].startswith("ready")]
+        assert ready == [
+            (
+                "info",
+                f"ready: config none; listen {address} [pull: no token, declare: no token]; "
+                "TLS off; relabel rules 0; "
+                f"NVML simulated (h100-8x-training), driver {version}, 8 GPUs",
+            )
+        ]
     finally:
         if proc.poll() is None:
             proc.kill()

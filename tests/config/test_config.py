@@ -107,7 +107,7 @@ def errors_of(*args, **kwargs):
         ),
         (
             "server: {tls_cert_file: /c.pem}",
-            "'server.tls_key_file' (from {f}): tls_cert_file and tls_key_file go together",
+            "'server.tls_key_file' (from {f}): not set, but tls_cert_file is; TLS needs both",
         ),
         ("store: {max_bytes: 0}", "'store.max_bytes' (from {f}): Input should be greater than 0"),
         ("store: {max_byte: 1}", "'store.max_byte' (from {f}): unknown setting"),

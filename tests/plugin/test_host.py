@@ -184,6 +184,38 @@ def test_plugin_mode_refusals_exit_1_with_a_message(tmp_path, extra, args, text)
         plugin.kill()
 
 
+@pytest.mark.parametrize(
+    ("extra", "args", "first"),
+    [
+        (
+            {"GPUMETRICS_BATCH_INTERVAL_S": "soon"},
+            ["serve", "--plugin", "--simulate"],
+            "[ERROR] gpumetrics: 'runtime.batch_interval_s' (from GPUMETRICS_BATCH_INTERVAL_S="
+            "'soon'): Input should be a valid number",
+        ),
+        (
+            {},
+            ["serve", "--plugin", "--simulate", "h100-8x"],
+            "[ERROR] gpumetrics: 'runtime.simulate' (from flag --simulate): h100-8x: no such "
+            "profile or file; built-in profiles: ",
+        ),
+    ],
+)
+def test_plugin_mode_config_errors_exit_2_before_any_handshake(tmp_path, extra, args, first):
+    """In go-plugin mode a configuration error is one ``[ERROR]`` line per problem (go-plugin
+    logs that prefix at ERROR; an unprefixed line would be DEBUG) and exit status 2, with
+    nothing on stdout: the receiver quotes the line and the status in its start error."""
+    plugin = Plugin(args, host_env(tmp_path, **extra))
+    try:
+        assert plugin.finish(timeout=60) == 2
+        assert plugin.rest_of_stdout() == []
+        lines = [line for line in plugin.stderr if not line.startswith("[WARN]")]
+        assert lines and lines[0].startswith(first), plugin.stderr
+        assert all(line.startswith("[ERROR] gpumetrics: ") for line in lines), lines
+    finally:
+        plugin.kill()
+
+
 def test_missing_cookie_with_plugin_flag_exits_1(tmp_path):
     env = {k: v for k, v in host_env(tmp_path).items() if k != COOKIE_KEY}
     plugin = Plugin(["serve", "--plugin"], env)

@@ -138,5 +138,47 @@ def test_token_file_errors_name_the_field(tmp_path):
     short.write_text("secret\n")
     with pytest.raises(ValueError, match="^'pull_token_file': line 1 .* at least 16"):
         read_token_file(short, "pull_token_file")
-    with pytest.raises(ValueError, match="^'declare_token_file': a token is also a pull token"):
+    distinct = "a token is also in pull_token_file; pulling and declaring need distinct tokens"
+    with pytest.raises(ValueError, match=f"^'declare_token_file': {distinct}$"):
         TokenAuth(["s" * 20], ["s" * 20])
+
+
+def test_each_refusal_reason_is_logged_once_per_consumer(sidecar, tokens, caplog):
+    """A missing token and a wrong one are two reasons; another consumer is logged again; a
+    repeat is DEBUG only (issue 17: a later invalid token used to go unlogged)."""
+    sc = sidecar(append=1, **tokens)
+    stub = sc.pull_stub()
+
+    def refused(consumer, metadata=()):
+        with pytest.raises(grpc.RpcError):
+            stub.Pull(pull_pb2.PullRequest(consumer=consumer), metadata=metadata, timeout=TIMEOUT)
+
+    caplog.set_level("DEBUG", logger="gpumetrics.service.gate")
+    refused("collector-a")
+    refused("collector-a", bearer("wrong-token-wrong-token"))
+    refused("collector-a", bearer("wrong-token-wrong-token"))  # a repeat
+    refused("collector-a")  # a repeat
+    refused("collector-b", bearer("wrong-token-wrong-token"))  # another consumer
+    refused("collector-b", bearer(DECLARE_TOKEN))
+    logged = [
+        (r.levelname, r.getMessage().split(" from ", 1)[0], r.getMessage().split("): ", 1)[1])
+        for r in caplog.records
+        if r.name == "gpumetrics.service.gate"
+    ]
+    method = "refused /gpumetrics.v1.MetricsPullService/Pull"
+    missing = "missing 'authorization: Bearer <token>' metadata (a pull token is required)"
+    wrong = "invalid bearer token"
+    assert logged == [
+        ("WARNING", method, missing),
+        ("WARNING", method, wrong),
+        ("DEBUG", method, wrong),
+        ("DEBUG", method, missing),
+        ("WARNING", method, wrong),
+        ("WARNING", method, "this token may not call this service (a pull token is required)"),
+    ]
+    consumers = [
+        r.getMessage().split("(consumer ", 1)[1].split(")", 1)[0]
+        for r in caplog.records
+        if r.name == "gpumetrics.service.gate"
+    ]
+    assert consumers == ["'collector-a'"] * 4 + ["'collector-b'"] * 2

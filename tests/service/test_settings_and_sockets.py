@@ -4,7 +4,14 @@ import os
 import stat
 
 import pytest
-from gpumetrics.service import ServerSettings, SidecarHealth, SidecarServer, parse_listen_address
+from gpumetrics.service import (
+    ListenError,
+    ServerSettings,
+    SidecarHealth,
+    SidecarServer,
+    parse_listen_address,
+)
+from gpumetrics.service.errors import SettingError
 from gpumetrics.store import BatchStore
 from gpumetrics.v1 import pull_pb2
 from pydantic import ValidationError
@@ -87,8 +94,11 @@ def test_security_rules_name_the_field(tmp_path):
         tls_key_file=key,
         profiler_listen=[f"unix:{tmp_path}/p.sock"],
     )
-    assert "'tls_key_file': tls_cert_file and tls_key_file go together" in errors(
+    assert "'tls_key_file': not set, but tls_cert_file is; TLS needs both" in errors(
         tls_cert_file=cert
+    )
+    assert "'tls_cert_file': not set, but tls_key_file is; TLS needs both" in errors(
+        tls_key_file=key
     )
     assert "'tls_client_ca_file': mTLS needs" in errors(tls_client_ca_file=cert)
     assert "'health_listen'" in errors(health_listen="nonsense")
@@ -130,7 +140,7 @@ def test_unix_socket_file_mode_group_and_cleanup(sidecar, short_tmp):
 def test_missing_socket_directory_names_the_field(short_tmp):
     settings = ServerSettings(listen=[f"unix:{short_tmp}/nope/s.sock"])
     server = SidecarServer(settings, BatchStore(), FakeDeclaredStore(), SidecarHealth())
-    with pytest.raises(ValueError, match="^'listen': directory .* does not exist"):
+    with pytest.raises(SettingError, match=r"^'listen\[0\]': directory .* does not exist$"):
         server.start()
     server.stop(0)
 
@@ -145,8 +155,11 @@ def test_addresses_report_real_ports_and_a_failed_start_leaves_nothing_bound(sid
         ServerSettings(listen=[f"unix:{sock}", taken]),
         BatchStore(), FakeDeclaredStore(), SidecarHealth(),
     )
-    with pytest.raises(RuntimeError, match="Failed to bind"):  # so_reuseport is off
+    with pytest.raises(ListenError) as info:  # a RuntimeError, as grpc's own bind error
         clash.start()
+    assert str(info.value) == (
+        f"'listen[1]': {taken} is in use by another process; stop it or choose another port"
+    )
     assert not sock.exists()
     with pytest.raises(RuntimeError, match="already started or stopped"):
         clash.start()

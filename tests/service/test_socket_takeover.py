@@ -24,7 +24,7 @@ def test_a_live_socket_is_not_taken_over_and_keeps_its_file(tmp_path):
     try:
         inode = os.stat(path).st_ino
         second = make(path)
-        with pytest.raises(ListenError, match=r"'listen': unix socket .* is in use"):
+        with pytest.raises(ListenError, match=r"'listen\[0\]': unix socket .* is in use"):
             second.start()
         second.stop(0)
         assert os.stat(path).st_ino == inode  # the failed server removed nothing of the first

@@ -55,6 +55,10 @@ type pullScraper struct {
 
 	mu   sync.Mutex
 	conn sidecar.Conn
+
+	// unreachable counts the scrapes in a row that found nothing listening at the endpoint
+	// (remote mode); the first is logged at WARN, the rest at DEBUG (noteReachability).
+	unreachable int
 }
 
 func newPullScraper(set receiver.Settings, cfg *Config) (*pullScraper, error) {
@@ -299,6 +303,7 @@ func (s *pullScraper) scrape(ctx context.Context) (pmetric.Metrics, error) {
 			break
 		}
 	}
+	s.noteReachability(pullErr)
 	if pullErr == nil && budget.retries > 0 {
 		s.logger.Debug("The gpumetrics sidecar answered after retries within the scrape",
 			zap.Int("retries", budget.retries), zap.Duration("elapsed", s.retry.now().Sub(budget.start)))
@@ -315,6 +320,30 @@ func (s *pullScraper) scrape(ctx context.Context) (pmetric.Metrics, error) {
 		s.cursor.setPending(d)
 	}
 	return md, scrapeError(d, pullErr, decodeEs)
+}
+
+// noteReachability logs an unreachable sidecar once per outage: one WARN naming the endpoint, the
+// dial error and when the next try is (the next scrape; each scrape also retries within its
+// budget), DEBUG for every further failed scrape, and one INFO when a Pull gets through again.
+// gRPC itself is not asked to connect meanwhile (sidecar.Remote), so this is the only line.
+func (s *pullScraper) noteReachability(pullErr error) {
+	var down *sidecar.UnreachableError
+	if errors.As(pullErr, &down) {
+		log := s.logger.Debug
+		if s.unreachable == 0 {
+			log = s.logger.Warn
+		}
+		s.unreachable++
+		log("The gpumetrics sidecar is unreachable; the receiver tries again at every scrape",
+			zap.String("endpoint", down.Endpoint), zap.String("error", down.Err.Error()),
+			zap.Duration("next_retry_in", s.cfg.CollectionInterval), zap.Int("failed_scrapes", s.unreachable))
+		return
+	}
+	if pullErr == nil && s.unreachable > 0 {
+		s.logger.Info("The gpumetrics sidecar is reachable again",
+			zap.String("endpoint", s.cfg.Endpoint), zap.Int("failed_scrapes", s.unreachable))
+		s.unreachable = 0
+	}
 }
 
 // scrapeError turns the scrape's failures into the controller's terms: nothing pulled and a

@@ -178,7 +178,7 @@ func TestSubprocessStartFailures(t *testing.T) {
 		wantErr string
 	}{
 		{name: "not found", command: "gpumetrics-does-not-exist", wantErr: `sidecar command "gpumetrics-does-not-exist": exec: "gpumetrics-does-not-exist": executable file not found in $PATH`},
-		{name: "not a plugin", command: "true", wantErr: "Failed to read any lines from plugin's stdout"},
+		{name: "not a plugin", command: "true", wantErr: `starting sidecar "true": it exited with status 0 before the go-plugin handshake and wrote nothing to stderr; is "true" the gpumetrics sidecar (` + "`gpumetrics serve`" + `)?`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -189,6 +189,81 @@ func TestSubprocessStartFailures(t *testing.T) {
 			require.NoError(t, err)
 			err = s.start(context.Background(), componenttest.NewNopHost())
 			require.ErrorContains(t, err, tt.wantErr)
+			require.NoError(t, s.shutdown(context.Background()))
+		})
+	}
+}
+
+// realSidecar returns the gpumetrics console script: $GPUMETRICS_SIDECAR (collector/scripts/test.sh
+// sets it; the test fails when it is set but missing), else the repository's .venv; the test is
+// skipped when neither exists (go test run alone, before the Python package is installed).
+func realSidecar(t *testing.T) string {
+	t.Helper()
+	if path := os.Getenv("GPUMETRICS_SIDECAR"); path != "" {
+		_, err := os.Stat(path)
+		require.NoError(t, err, "GPUMETRICS_SIDECAR")
+		return path
+	}
+	path, err := filepath.Abs(filepath.Join("..", "..", "..", ".venv", "bin", "gpumetrics"))
+	require.NoError(t, err)
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("the gpumetrics sidecar is not installed (%v): set GPUMETRICS_SIDECAR or run ./scripts/test.sh", err)
+	}
+	return path
+}
+
+// TestRealSidecarConfigErrorsReachTheStartError starts the Python sidecar through the real
+// go-plugin host with a configuration it refuses: it must exit with status 2 before any
+// handshake, and the receiver's start error and the Collector's log must carry its own message,
+// not go-plugin's "Unrecognized remote plugin message" or a kill.
+func TestRealSidecarConfigErrorsReachTheStartError(t *testing.T) {
+	sidecarPath := realSidecar(t)
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{
+			name: "bad profile in args",
+			args: []string{"serve", "--plugin", "--simulate", "h100-8x"},
+			want: "gpumetrics: 'runtime.simulate' (from flag --simulate): h100-8x: no such profile or file; built-in profiles: ",
+		},
+		{
+			name: "bad variable in env",
+			args: []string{"serve", "--plugin", "--simulate"},
+			env:  map[string]string{"GPUMETRICS_BATCH_INTERVAL_S": "soon"},
+			want: "gpumetrics: 'runtime.batch_interval_s' (from GPUMETRICS_BATCH_INTERVAL_S='soon'): Input should be a valid number",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := newTestEnv(t)
+			cfg := createDefaultConfig().(*Config)
+			cfg.Command = sidecarPath
+			cfg.Args = tt.args
+			cfg.Env = tt.env
+			require.NoError(t, cfg.Validate())
+			s, err := newPullScraper(env.set, cfg)
+			require.NoError(t, err)
+			err = s.start(context.Background(), componenttest.NewNopHost())
+			require.Error(t, err)
+			var startErr *sidecar.StartError
+			require.ErrorAs(t, err, &startErr)
+			require.NotNil(t, startErr.State, "the sidecar ended by itself: %v", err)
+			assert.True(t, startErr.State.Exited(), "exited, not killed: %s", startErr.State)
+			assert.Equal(t, 2, startErr.State.ExitCode(), "a configuration error")
+			assert.Contains(t, err.Error(), fmt.Sprintf("starting sidecar %q: it exited with status 2 before the go-plugin handshake; its stderr ended with: ", sidecarPath))
+			assert.Contains(t, err.Error(), tt.want)
+			assert.NotContains(t, err.Error(), "Unrecognized remote plugin message")
+			assert.NotContains(t, err.Error(), "compiled for this architecture")
+
+			// the Collector's log: the sidecar's line at ERROR (it writes "[ERROR] ..." in
+			// go-plugin mode), under the sidecar's logger; no kill after the failed start
+			logged := env.logs.FilterMessageSnippet(tt.want).FilterLevelExact(zapcore.ErrorLevel)
+			require.Equal(t, 1, logged.Len(), "the sidecar's error line in the Collector log")
+			assert.Equal(t, "sidecar."+filepath.Base(sidecarPath), logged.All()[0].LoggerName)
+			assert.Zero(t, env.logs.FilterMessageSnippet("failed to exit gracefully").Len())
 			require.NoError(t, s.shutdown(context.Background()))
 		})
 	}

@@ -2,16 +2,23 @@
 
 Each command returns an exit code (see :mod:`gpumetrics.cli`) and raises :class:`CommandError`
 for a failure the user should read as one line on stderr.
+
+Addresses are ``host:port``, ``[v6addr]:port``, ``unix:/path`` (``unix:///path``) or ``/path``;
+anything else is a usage error (exit 2): grpc would read ``localhost`` as ``localhost:443``.
+Loopback and unix targets are dialled without an HTTP proxy (grpc honours ``http_proxy`` and
+``https_proxy`` for every target, so a proxy set for the network would carry a node-local pull).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
+import ipaddress
 import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import grpc
@@ -66,13 +73,75 @@ def _read(path: str | None, what: str) -> bytes | None:
         raise CommandError(f"{what} {path}: {exc.strerror or exc}") from None
 
 
+_ADDRESS_FORMS = "host:port (e.g. 127.0.0.1:4319), [v6addr]:port, unix:/path or /path"
+
+
 def target_of(address: str) -> str:
-    """Return the gRPC target for ``address`` (``host:port``, ``unix:/path``, or a bare path).
+    """Return the gRPC target for ``address`` (see the module docstring for the forms).
 
     >>> target_of("/run/gpumetrics.sock")
     'unix:/run/gpumetrics.sock'
+    >>> target_of("127.0.0.1:4319")
+    '127.0.0.1:4319'
+
+    Raises:
+        CommandError: (exit 2) any other form, e.g. a host without a port, naming the forms.
+
     """
-    return "unix:" + address if address.startswith("/") else address
+    if address.startswith("/"):
+        return "unix:" + address
+    if address.startswith("unix:"):
+        if not address.removeprefix("unix:").lstrip("/"):
+            raise CommandError(f"ADDR {address!r}: unix: needs a socket path", 2)
+        return address
+    host, sep, port = address.rpartition(":")
+    if address.startswith("[") and "]:" not in address:
+        sep = ""  # [v6addr] without a port
+    elif ":" in host and not host.startswith("["):
+        raise CommandError(
+            f"ADDR {address!r}: write an IPv6 address in brackets, e.g. [::1]:4319", 2
+        )
+    if not sep or not host:
+        raise CommandError(f"ADDR {address!r}: no port; expected {_ADDRESS_FORMS}", 2)
+    if not port.isdigit() or not 0 < int(port) <= 65535:
+        raise CommandError(f"ADDR {address!r}: port must be 1..65535; expected {_ADDRESS_FORMS}", 2)
+    return address
+
+
+def _is_local(target: str) -> bool:
+    if target.startswith("unix:"):
+        return True
+    host = target.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+_RECONNECT_BACKOFF_MS = 250
+"""First reconnection wait (grpc's default is 1 s, growing to 120 s): ``--wait`` notices a
+sidecar that starts listening within a fraction of a second."""
+
+
+def channel_options(target: str) -> list[tuple[str, Any]]:
+    """Return the options of the CLI's channel to ``target`` (see the module docstring).
+
+    >>> ("grpc.enable_http_proxy", 0) in channel_options("127.0.0.1:4319")
+    True
+    >>> ("grpc.enable_http_proxy", 0) in channel_options("gpu-node-7:4319")
+    False
+    """
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", -1),
+        ("grpc.initial_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS),
+        ("grpc.min_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS),
+        ("grpc.max_reconnect_backoff_ms", 4 * _RECONNECT_BACKOFF_MS),
+    ]
+    if _is_local(target):
+        options.append(("grpc.enable_http_proxy", 0))
+    return options
 
 
 def open_channel(args: argparse.Namespace) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]]:
@@ -82,11 +151,12 @@ def open_channel(args: argparse.Namespace) -> tuple[grpc.Channel, tuple[tuple[st
     adds ``authorization: Bearer <token>``.
 
     Raises:
-        CommandError: unreadable certificate or token file, or an incomplete client key pair.
+        CommandError: unreadable certificate or token file, an incomplete client key pair, or an
+            address of no known form (exit 2).
 
     """
     target = target_of(args.address)
-    options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", -1)]
+    options = channel_options(target)
     if bool(args.cert_file) != bool(args.key_file):
         raise CommandError("--cert-file and --key-file must be given together", 2)
     if args.tls or args.ca_file or args.cert_file:
@@ -110,11 +180,11 @@ def open_channel(args: argparse.Namespace) -> tuple[grpc.Channel, tuple[tuple[st
     return channel, metadata
 
 
-def _rpc_error(what: str, address: str, err: grpc.RpcError) -> CommandError:
+def _rpc_error(what: str, address: str, err: grpc.RpcError, hint: str = "") -> CommandError:
     code = err.code() if callable(getattr(err, "code", None)) else None
     details = err.details() if callable(getattr(err, "details", None)) else str(err)
     name = code.name if code is not None else "ERROR"
-    return CommandError(f"{what} {address}: {name}: {details}")
+    return CommandError(f"{what} {address}: {name}: {details}{hint}")
 
 
 def render_json(request: metrics_service_pb2.ExportMetricsServiceRequest) -> str:
@@ -143,12 +213,23 @@ def _point_label(point: Any, varying: Sequence[str]) -> str:
     return f"{{{shown}}}" if shown else ""
 
 
+def point_time(time_unix_nano: int) -> str:
+    """``@HH:MM:SS.mmmZ`` (UTC) of a point's ``time_unix_nano``, as ``--format text`` shows it.
+
+    >>> point_time(1_767_225_600_250_000_000)
+    '@00:00:00.250Z'
+    """
+    when = _dt.datetime.fromtimestamp(time_unix_nano // 10**9, tz=_dt.UTC)  # no float rounding
+    return "@" + when.strftime("%H:%M:%S.") + f"{time_unix_nano // 10**6 % 1000:03d}Z"
+
+
 def render_text(response: pull_pb2.PullResponse, request: Any) -> str:
     """Summarise one pull for humans: cursor facts, then each resource and its metrics.
 
     Each metric line gives its kind, unit and number of points, then the first points as
-    ``value{attributes}``, showing only the attributes whose values differ between the metric's
-    points (for example ``hw.id`` and ``hw.state``).
+    ``value{attributes}@time``, showing only the attributes whose values differ between the
+    metric's points (for example ``hw.id`` and ``hw.state``) and the point's time (UTC, ms), so
+    several samples of one GPU in one pull read as samples, not duplicates.
     """
     lines = [
         f"epoch {response.epoch}  batches {response.first_sequence}..{response.last_sequence}  "
@@ -173,6 +254,7 @@ def render_text(response: pull_pb2.PullResponse, request: Any) -> str:
                 shown = ", ".join(
                     f"{(p.as_double if p.HasField('as_double') else p.as_int):g}"
                     + _point_label(p, varying)
+                    + point_time(p.time_unix_nano)
                     for p in points[:_TEXT_POINTS]
                 )
                 more = (
@@ -186,47 +268,105 @@ def render_text(response: pull_pb2.PullResponse, request: Any) -> str:
 
 
 _RETRY_PAUSE_S = 0.25
+"""Pause between two attempts while ``--wait`` lasts."""
+_MIN_ACK_S = 1.0
+"""The acknowledgement's deadline when the pull used (nearly) all of the command's time."""
+
+
+def _check_times(args: argparse.Namespace) -> None:
+    if not args.timeout > 0:
+        raise CommandError(f"--timeout {args.timeout:g}: must be more than 0 seconds", 2)
+    if not getattr(args, "wait", 0.0) >= 0:
+        raise CommandError(f"--wait {args.wait:g}: must be 0 or more seconds", 2)
+
+
+_NOTHING_LISTENS = ("Connection refused", "No such file or directory")
+"""How grpc's UNAVAILABLE details end when nothing listens (TCP, unix socket): not a TLS failure."""
+
+
+def _hint(err: grpc.RpcError, args: argparse.Namespace, budget_s: float) -> str:
+    code = err.code()
+    details = str(err.details() or "")
+    if code == grpc.StatusCode.UNAVAILABLE and any(s in details for s in _NOTHING_LISTENS):
+        if args.wait > 0:
+            return f"; nothing answered within --wait {args.wait:g} s: is the sidecar running?"
+        return "; is the sidecar running? (`--wait N` waits for it)"
+    if code == grpc.StatusCode.UNAVAILABLE and "no collection" in details and args.wait <= 0:
+        return " (the sidecar is starting: `--wait N` waits for its first collection)"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"; no answer within {budget_s:g} s (--timeout, --wait)"
+    return ""
 
 
 def _pull_waiting(
-    stub: Any, request: pull_pb2.PullRequest, args: argparse.Namespace, metadata: Any
-) -> pull_pb2.PullResponse:
-    """Pull once, retrying UNAVAILABLE for up to ``--wait`` seconds.
+    stub: Any,
+    request: pull_pb2.PullRequest,
+    args: argparse.Namespace,
+    metadata: Any,
+    clock: Callable[[], float],
+    pause: Callable[[float], None],
+) -> tuple[pull_pb2.PullResponse, float]:
+    """Pull once within the command's deadline, retrying UNAVAILABLE while ``--wait`` lasts.
 
-    UNAVAILABLE means the sidecar is not up yet or has not stored its first batch; attempts are
-    0.25 s apart.
+    The deadline is ``max(--timeout, --wait)`` seconds from now and bounds every attempt
+    together: each attempt gets what is left of it. UNAVAILABLE (nothing listens yet, or no
+    collection is stored yet) is retried every 0.25 s until ``--wait`` seconds have passed; a
+    connection that is refused fails an attempt at once (grpc's calls are fail-fast), so without
+    ``--wait`` the command fails at once too.
+
+    Returns:
+        The response and the deadline (``clock()`` seconds) it was pulled under.
 
     Raises:
-        CommandError: the RPC failed (for UNAVAILABLE: after the wait ran out).
+        CommandError: the RPC failed, with a hint for the usual causes.
 
     """
-    deadline = time.monotonic() + max(0.0, getattr(args, "wait", 0.0))
+    start = clock()
+    budget = max(args.timeout, args.wait)
+    end, retry_until = start + budget, start + max(0.0, args.wait)
     while True:
         try:
-            return stub.Pull(request, timeout=args.timeout, metadata=metadata)  # type: ignore[no-any-return]
+            response = stub.Pull(request, timeout=max(end - clock(), 0.0), metadata=metadata)
+            return response, end
         except grpc.RpcError as err:
             retry = err.code() == grpc.StatusCode.UNAVAILABLE
-            if not retry or time.monotonic() + _RETRY_PAUSE_S > deadline:
-                raise _rpc_error("pull", args.address, err) from None
-        time.sleep(_RETRY_PAUSE_S)
+            if not retry or clock() + _RETRY_PAUSE_S >= min(retry_until, end):
+                raise _rpc_error("pull", args.address, err, _hint(err, args, budget)) from None
+        pause(_RETRY_PAUSE_S)
 
 
-def cmd_pull(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """One pull from ``args.address``; print it; acknowledge it unless ``--no-ack``."""
+def cmd_pull(
+    args: argparse.Namespace,
+    out: TextIO | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    pause: Callable[[float], None] = time.sleep,
+) -> int:
+    """One pull from ``args.address``; print it; acknowledge it unless ``--no-ack``.
+
+    ``--timeout`` and ``--wait`` bound the whole command (:func:`_pull_waiting`); the
+    acknowledgement gets what is left, at least 1 s. An empty answer prints ``no new batches``
+    (on stderr with ``--format json``, so stdout stays empty). ``clock`` and ``pause`` are
+    injectable for tests.
+    """
     out = out if out is not None else sys.stdout
+    _check_times(args)
     channel, metadata = open_channel(args)
     with channel:
         stub = pull_pb2_grpc.MetricsPullServiceStub(channel)  # type: ignore[no-untyped-call]
         request = pull_pb2.PullRequest(
             consumer=args.consumer, max_data_points=args.max_points, max_bytes=args.max_bytes
         )
-        response = _pull_waiting(stub, request, args, metadata)
+        response, end = _pull_waiting(stub, request, args, metadata, clock, pause)
+        if not response.last_sequence:
+            note = f"no new batches for consumer {args.consumer!r} (epoch {response.epoch})"
+            print(note, file=out if args.format == "text" else sys.stderr)
+            return EXIT_OK
         otlp = metrics_service_pb2.ExportMetricsServiceRequest.FromString(
             response.export_metrics_service_request
         )
         print(render_json(otlp) if args.format == "json" else render_text(response, otlp), file=out)
         out.flush()
-        if not args.no_ack and response.last_sequence:
+        if not args.no_ack:
             ack = pull_pb2.PullRequest(
                 consumer=args.consumer,
                 ack_sequence=response.last_sequence,
@@ -234,7 +374,7 @@ def cmd_pull(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 ack_only=True,
             )
             try:
-                stub.Pull(ack, timeout=args.timeout, metadata=metadata)
+                stub.Pull(ack, timeout=max(end - clock(), _MIN_ACK_S), metadata=metadata)
             except grpc.RpcError as err:
                 raise _rpc_error("acknowledging the pull from", args.address, err) from None
     return EXIT_OK
@@ -307,6 +447,7 @@ def cmd_declare(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     if args.pid <= 0:
         raise CommandError(f"--pid {args.pid}: must be a positive process id", 2)
+    _check_times(args)
     request = profiler_pb2.DeclareProcessesRequest(processes=[build_declaration(args)])
     channel, metadata = open_channel(args)
     with channel:

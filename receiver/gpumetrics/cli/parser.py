@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import gpumetrics
 
-__all__ = ["SERVE_FLAGS", "build_parser", "serve_overrides"]
+__all__ = ["SERVE_FLAGS", "CommandParser", "build_parser", "parse_args", "serve_overrides"]
 
 SERVE_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--listen", "server.listen", {"metavar": "ADDR", "action": "append",
@@ -51,6 +54,33 @@ SERVE_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 """``(flag, dotted config path, argparse options)`` of every ``serve`` flag that sets a setting."""
 
 
+class CommandParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that knows its sub-commands' parsers (``commands``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}
+
+
+def parse_args(parser: CommandParser, argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv``; an unknown option prints its command's usage and the closest option.
+
+    argparse (before Python 3.14) reports ``gpumetrics serve --simulte`` with the top-level usage
+    and no hint; here it is ``serve``'s usage and ``did you mean --simulate?``. Exits 2, as
+    argparse does for every usage error.
+    """
+    args, extra = parser.parse_known_args(list(argv))
+    if not extra:
+        return args
+    target = parser.commands.get(getattr(args, "command", None) or "", parser)
+    unknown = extra[0]
+    options = [o for action in target._actions for o in action.option_strings]
+    close = difflib.get_close_matches(unknown.split("=", 1)[0], options, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else f"; see {target.prog} --help"
+    target.print_usage(sys.stderr)
+    target.exit(2, f"{target.prog}: error: unrecognized argument {unknown}{hint}\n")
+
+
 def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
@@ -82,13 +112,17 @@ def _client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-file", metavar="FILE", help="client key for mTLS (PEM)")
     p.add_argument("--server-name", metavar="NAME", help="TLS server name to verify")
     p.add_argument(
-        "--timeout", type=float, default=10.0, metavar="SECONDS", help="RPC deadline (default 10)"
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="the whole command's deadline (default 10; pull: --wait if longer)",
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CommandParser:
     """Build the whole command line (``serve``, ``pull``, ``declare``, ``count-gpus``)."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="gpumetrics",
         description="NVIDIA GPU metrics as OTLP over a gRPC pull endpoint.",
         epilog="Exit codes: 0 ok; 1 failure; 2 usage or configuration error; "
@@ -201,4 +235,5 @@ def build_parser() -> argparse.ArgumentParser:
     count.add_argument(
         "--proc-root", default="/proc", metavar="DIR", help="procfs root (default /proc)"
     )
+    parser.commands.update({"serve": serve, "pull": pull, "declare": declare, "count-gpus": count})
     return parser

@@ -8,8 +8,8 @@ import os
 from typing import Any, TextIO
 
 from gpumetrics.cli.client import CommandError
-from gpumetrics.cli.parser import serve_overrides
-from gpumetrics.config import ConfigError, load_config, unknown_variables
+from gpumetrics.cli.parser import SERVE_FLAGS, serve_overrides
+from gpumetrics.config import ConfigError, config_sources, load_config, unknown_variables
 from gpumetrics.config.model import LogFormatSetting
 from gpumetrics.logs import LogFormat, configure_logging
 from gpumetrics.service.plugin import COOKIE_KEY, PluginError
@@ -17,6 +17,9 @@ from gpumetrics.service.plugin import COOKIE_KEY, PluginError
 __all__ = ["cmd_serve"]
 
 log = logging.getLogger(__name__)
+
+_FLAG_OF = {path: flag for flag, path, _ in SERVE_FLAGS} | {"runtime.simulate": "--simulate"}
+"""The ``serve`` flag of each setting that has one (named when the default is the problem)."""
 
 
 def cmd_serve(args: argparse.Namespace, handshake: TextIO | None, **sidecar_options: Any) -> int:
@@ -34,8 +37,10 @@ def cmd_serve(args: argparse.Namespace, handshake: TextIO | None, **sidecar_opti
             "gpumetrics receiver sets; run without --plugin to serve standalone"
         )
     unknown = unknown_variables(os.environ, ignore=(COOKIE_KEY,))
+    overrides = serve_overrides(args)
     try:
-        config = load_config(args.config, os.environ, serve_overrides(args))
+        config = load_config(args.config, os.environ, overrides)
+        sources = config_sources(args.config, os.environ, overrides, _FLAG_OF)
     except ConfigError as exc:
         lines = exc.errors + [f"unknown variable {name} ignored (a typo?)" for name in unknown]
         raise CommandError("\ngpumetrics: ".join(lines), 2) from None
@@ -49,11 +54,12 @@ def cmd_serve(args: argparse.Namespace, handshake: TextIO | None, **sidecar_opti
 
     from gpumetrics.runtime.run import serve_plugin, serve_standalone
 
+    options = {"config_file": sources.file, **sidecar_options}
     try:
         if handshake is not None:
-            return serve_plugin(config, handshake, **sidecar_options)
-        return serve_standalone(config, **sidecar_options)
+            return serve_plugin(config, handshake, **options)
+        return serve_standalone(config, **options)
     except ConfigError as exc:
-        raise CommandError("\ngpumetrics: ".join(exc.errors), 2) from None
+        raise CommandError("\ngpumetrics: ".join(exc.with_sources(sources).errors), 2) from None
     except PluginError as exc:
         raise CommandError(str(exc), 1) from None

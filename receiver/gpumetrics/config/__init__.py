@@ -7,6 +7,8 @@ Precedence: command-line flags > ``GPUMETRICS_*`` environment variables > YAML f
 from gpumetrics.config.env import ENV_BINDINGS, EnvBinding, EnvKind, unknown_variables
 from gpumetrics.config.load import (
     ConfigError,
+    ConfigSources,
+    config_sources,
     format_validation_error,
     load_config,
     read_config_file,
@@ -26,6 +28,7 @@ from gpumetrics.config.model import (
 __all__ = [
     "ENV_BINDINGS",
     "ConfigError",
+    "ConfigSources",
     "DeclaredLimits",
     "EnvBinding",
     "EnvKind",
@@ -36,6 +39,7 @@ __all__ = [
     "RuntimeSettings",
     "SidecarConfig",
     "StoreSettings",
+    "config_sources",
     "default_config",
     "format_validation_error",
     "load_config",

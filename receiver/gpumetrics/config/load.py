@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -23,7 +24,14 @@ from pydantic import ValidationError
 from gpumetrics.config.env import GPUMETRICS_CONFIG, env_overrides
 from gpumetrics.config.model import SidecarConfig
 
-__all__ = ["ConfigError", "format_validation_error", "load_config", "read_config_file"]
+__all__ = [
+    "ConfigError",
+    "ConfigSources",
+    "config_sources",
+    "format_validation_error",
+    "load_config",
+    "read_config_file",
+]
 
 _FIELD_PREFIX = re.compile(
     r"^'?([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])*(?:\.[A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])*)*)'?: (.*)$",
@@ -32,11 +40,87 @@ _FIELD_PREFIX = re.compile(
 
 
 class ConfigError(ValueError):
-    """The configuration is invalid; ``errors`` has one line per problem, naming the setting."""
+    """The configuration is invalid; ``errors`` has one line per problem, naming the setting.
+
+    A problem found after loading (a token file that cannot be read, a port in use) is made with
+    :meth:`setting`, which keeps the dotted path apart from the reason, so that
+    :meth:`with_sources` can say where the value came from, as load-time errors do.
+    """
 
     def __init__(self, errors: list[str]) -> None:
         self.errors = list(errors)
+        self.settings: list[tuple[str, str]] = []
+        """``(dotted path, reason)`` of the problems made with :meth:`setting`."""
         super().__init__("; ".join(self.errors))
+
+    @classmethod
+    def setting(cls, path: str, reason: str, *more: str) -> ConfigError:
+        """Problems with the setting at ``path``, one line each (``'path': reason``).
+
+        >>> str(ConfigError.setting("server.pull_token_file", "holds no token"))
+        "'server.pull_token_file': holds no token"
+        """
+        reasons = [reason, *more]
+        error = cls([f"'{path}': {r}" for r in reasons])
+        error.settings = [(path, r) for r in reasons]
+        return error
+
+    def with_sources(self, sources: ConfigSources) -> ConfigError:
+        """Return this error with each setting's source in its line (other lines unchanged).
+
+        >>> err = ConfigError.setting("server.listen[0]", "in use")
+        >>> err.with_sources(ConfigSources({"server.listen": "flag --listen"})).errors
+        ["'server.listen[0]' (from flag --listen): in use"]
+        """
+        if not self.settings:
+            return self
+        lines = [f"'{path}' ({sources.describe(path)}): {reason}" for path, reason in self.settings]
+        out = ConfigError(lines)
+        out.settings = list(self.settings)
+        return out
+
+
+@dataclass(frozen=True)
+class ConfigSources:
+    """Where each setting's value came from, for error messages.
+
+    Attributes:
+        values: dotted path -> ``flag --x`` or ``NAME='value'`` (flags and variables).
+        file: the YAML file, if one was loaded.
+        file_paths: dotted paths the file sets (a path under one of them came from the file).
+        flags: dotted path -> the command-line flag that sets it, named for a default value.
+
+    """
+
+    values: Mapping[str, str] = field(default_factory=dict)
+    file: str | None = None
+    file_paths: frozenset[str] = frozenset()
+    flags: Mapping[str, str] = field(default_factory=dict)
+
+    def describe(self, path: str) -> str:
+        """``from flag --listen``, ``from GPUMETRICS_X='v'``, ``from FILE`` or ``default``.
+
+        A default names the flag that changes it, when there is one: ``default; set --listen``.
+        """
+        source = _source_of(path, self.values)
+        if source is None and self.file is not None:
+            if _source_of(path, dict.fromkeys(self.file_paths, self.file)) is not None:
+                source = self.file
+        if source is not None:
+            return f"from {source}"
+        flag = _source_of(path, self.flags)
+        return f"default; set {flag}" if flag else "default"
+
+
+def _leaf_paths(tree: Mapping[str, Any], prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out |= _leaf_paths(value, path + ".")
+        else:
+            out.add(path)
+    return out
 
 
 def read_config_file(path: str) -> dict[str, Any]:
@@ -127,6 +211,50 @@ def _source_of(path: str, sources: Mapping[str, str]) -> str | None:
     return best[1] if best else None
 
 
+def _layers(
+    path: str | None,
+    environ: Mapping[str, str],
+    flags: Mapping[str, tuple[str, Any]],
+    flag_names: Mapping[str, str] | None = None,
+) -> tuple[dict[str, Any], ConfigSources]:
+    tree: dict[str, Any] = read_config_file(path) if path is not None else {}
+    file_paths = frozenset(_leaf_paths(tree))
+    values: dict[str, str] = {}
+    try:
+        overrides = env_overrides(environ)
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
+    for key, (name, value) in overrides.items():
+        _set_path(tree, key, value)
+        values[key] = f"{name}={environ[name]!r}"
+    for key, (flag, value) in flags.items():
+        _set_path(tree, key, value)
+        values[key] = f"flag {flag}"
+    return tree, ConfigSources(values, path, file_paths, dict(flag_names or {}))
+
+
+def _config_path(path: str | None, environ: Mapping[str, str]) -> str | None:
+    return path if path is not None else environ.get(GPUMETRICS_CONFIG) or None
+
+
+def config_sources(
+    path: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, tuple[str, Any]] | None = None,
+    flag_names: Mapping[str, str] | None = None,
+) -> ConfigSources:
+    """Where each setting comes from, for the same arguments as :func:`load_config`.
+
+    ``flag_names`` (dotted path -> flag) lets a default value name the flag that changes it.
+
+    Raises:
+        ConfigError: as :func:`load_config` (the file or a variable cannot be read).
+
+    """
+    env = os.environ if environ is None else environ
+    return _layers(_config_path(path, env), env, flags or {}, flag_names)[1]
+
+
 def load_config(
     path: str | None = None,
     environ: Mapping[str, str] | None = None,
@@ -144,21 +272,9 @@ def load_config(
 
     """
     env = os.environ if environ is None else environ
-    if path is None:
-        path = env.get(GPUMETRICS_CONFIG) or None
-    tree: dict[str, Any] = read_config_file(path) if path is not None else {}
-    sources: dict[str, str] = {}
-    try:
-        overrides = env_overrides(env)
-    except ValueError as exc:
-        raise ConfigError([str(exc)]) from None
-    for key, (name, value) in overrides.items():
-        _set_path(tree, key, value)
-        sources[key] = f"{name}={env[name]!r}"
-    for key, (flag, value) in (flags or {}).items():
-        _set_path(tree, key, value)
-        sources[key] = f"flag {flag}"
+    path = _config_path(path, env)
+    tree, sources = _layers(path, env, flags or {})
     try:
         return SidecarConfig.model_validate(tree)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, sources, path)) from None
+        raise ConfigError(format_validation_error(exc, sources.values, path)) from None

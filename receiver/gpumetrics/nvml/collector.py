@@ -127,6 +127,11 @@ class Collector:
         """The exit code requested with :attr:`exit_requested`, or None."""
         return self._session.exit_code
 
+    @property
+    def driver_version(self) -> str | None:
+        """The driver version NVML reported at init (``nvmlSystemGetDriverVersion``), or None."""
+        return self._session.driver_version
+
     def nvml_up(self) -> bool:
         """Return True while NVML is initialised and answering."""
         return self._session.up

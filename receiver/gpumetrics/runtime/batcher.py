@@ -85,7 +85,7 @@ class Batcher:
                 self.batches += 1
             if was_ready and not self._announced:
                 self._announced = True
-                log.info("first collection stored: ready", extra={"sequence": seq})
+                log.debug("first collection stored: ready", extra={"sequence": seq})
                 self._on_ready()
             return seq
 

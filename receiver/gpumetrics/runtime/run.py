@@ -67,7 +67,7 @@ def serve_standalone(config: SidecarConfig, make: SidecarFactory = Sidecar, **kw
     try:
         sidecar.start()
     except BaseException:
-        sidecar.shutdown(config.runtime.shutdown_timeout_s)  # undo what did start
+        sidecar.shutdown(config.runtime.shutdown_timeout_s, failed_start=True)  # undo, quietly
         raise
     sidecar.wait()
     sidecar.shutdown(config.runtime.shutdown_timeout_s)

@@ -33,9 +33,15 @@ from gpumetrics.identity import (
 from gpumetrics.metrics import Producer
 from gpumetrics.nvml.context import DEFAULT_PID_MAX
 from gpumetrics.runtime.batcher import Batcher
-from gpumetrics.runtime.simulation import install_simulation, uninstall_simulation
+from gpumetrics.runtime.simulation import (
+    default_profile,
+    install_simulation,
+    uninstall_simulation,
+)
+from gpumetrics.runtime.summary import NvmlFacts, StartupSummary
 from gpumetrics.selftelemetry import Telemetry
-from gpumetrics.service import ServerSettings, SidecarHealth, SidecarServer
+from gpumetrics.service import ListenError, ServerSettings, SidecarHealth, SidecarServer
+from gpumetrics.service.errors import SettingError
 from gpumetrics.service.push import PushExporter
 from gpumetrics.store import BatchStore
 
@@ -126,9 +132,14 @@ class Sidecar:
         simulate: installs the simulated driver (default :func:`install_simulation`).
         batch_wait: the batcher's ``wait(seconds) -> bool`` (tests drive batches themselves).
         environ: where ``KUBERNETES_SERVICE_HOST`` is looked up.
+        config_file: the configuration file that was loaded (named in the start-up summary).
 
-    Raises (from the constructor): :class:`ConfigError` for a relabel file that cannot be
-    loaded; ``ValueError`` naming the server setting of an unusable token or TLS file.
+    When ready (the first collection stored) it logs one INFO line, the start-up summary
+    (:mod:`gpumetrics.runtime.summary`).
+
+    Raises (from the constructor): :class:`ConfigError` naming the setting (``server.*``,
+    ``identity.relabel_config``, ``push.*``, ``runtime.simulate``) of a file or profile that cannot
+    be used: a token or TLS file, relabel rules, push certificates, the simulated profile.
 
     """
 
@@ -140,8 +151,11 @@ class Sidecar:
         simulate: Callable[[str], bool | None] = install_simulation,
         batch_wait: Callable[[float], bool] | None = None,
         environ: dict[str, str] | None = None,
+        config_file: str | None = None,
     ) -> None:
         self.config = config
+        self.config_file = config_file
+        self.relabel_rules = 0
         self.stop_requested = threading.Event()
         self.stop_reason = ""
         self._simulate = simulate
@@ -151,9 +165,13 @@ class Sidecar:
             # before anything can load the real library
             self._owns_simulation = simulate(config.runtime.simulate) is True
             config = self.config = _simulated_node_config(config)
-        self.parts = self._build(
-            config, server_settings or config.server, collector_factory, batch_wait, env
-        )
+        try:
+            self.parts = self._build(
+                config, server_settings or config.server, collector_factory, batch_wait, env
+            )
+        except BaseException:
+            self._uninstall_simulation()  # leave pynvml as this sidecar found it
+            raise
 
     def _build(
         self,
@@ -164,6 +182,12 @@ class Sidecar:
         env: dict[str, str],
     ) -> SidecarParts:
         ident = config.identity
+        if not os.path.isdir(ident.proc_root):
+            raise ConfigError.setting(
+                "identity.proc_root",
+                f"{ident.proc_root!r} is not a directory; it must be a procfs (the host's /proc, "
+                "mounted read-only into a container, e.g. /host/proc)",
+            )
         telemetry = Telemetry()
         health = SidecarHealth()
         procfs = ProcfsReader(
@@ -182,12 +206,14 @@ class Sidecar:
             if ident.in_kubernetes is not None
             else bool(env.get("KUBERNETES_SERVICE_HOST"))
         )
+        rules = _relabel_rules(ident.relabel_config, ident.mode)
+        self.relabel_rules = len(rules)
         resourcer = new_process_resourcer(
             None,
             declared,
             node,
             in_k8s,
-            _relabel_rules(ident.relabel_config, ident.mode),
+            rules,
             procfs=procfs,
             host_name=ident.host_name,
             read_process_context=ident.read_process_context,
@@ -201,27 +227,37 @@ class Sidecar:
         )
         producer.set_process_resourcer(resourcer)
         store = BatchStore(config.store.limits(), telemetry=telemetry)
-        server = SidecarServer(server_settings, store, declared, health, telemetry)
+        try:
+            server = SidecarServer(server_settings, store, declared, health, telemetry)
+        except SettingError as exc:
+            raise ConfigError.setting(f"server.{exc.setting}", exc.reason) from None
         collector = collector_factory(producer, config.collection, telemetry)
         batcher = Batcher(
             producer,
             store,
             config.runtime.batch_interval_s,
             collector.ready,
-            health.mark_ready,
+            lambda: self._ready(health, server, collector),
             batch_wait,
         )
-        push = (
-            PushExporter(store, config.push, telemetry=telemetry) if config.push.endpoint else None
-        )
+        push = _push_exporter(store, config, telemetry) if config.push.endpoint else None
         return SidecarParts(
             telemetry, health, producer, store, declared, server, collector, batcher, push
         )
 
     def start(self) -> None:
-        """Start serving, collecting, batching and pushing (returns at once)."""
+        """Start serving, collecting, batching and pushing (returns at once).
+
+        Raises:
+            ConfigError: naming the ``server.*`` listener that cannot be bound (in use, a live
+                unix socket, a missing directory); nothing else was started.
+
+        """
         p = self.parts
-        p.server.start()
+        try:
+            p.server.start()
+        except (SettingError, ListenError) as exc:
+            raise ConfigError.setting(f"server.{exc.setting}", exc.reason) from None
         p.collector.start()
         p.batcher.start()
         if p.push is not None:
@@ -235,6 +271,31 @@ class Sidecar:
                 "include_env_vars": ",".join(ident.include_env_vars),
             },
         )
+
+    def summary(self) -> StartupSummary:
+        """Return the start-up summary as of now (it is logged once, when ready)."""
+        p = self.parts
+        return self._summary(p.server, p.collector)
+
+    def _summary(self, server: SidecarServer, collector: CollectorLike) -> StartupSummary:
+        devices = getattr(collector, "devices", None)
+        simulated = self.config.runtime.simulate
+        if simulated == "default":
+            simulated = default_profile()
+        nvml = NvmlFacts(
+            simulated=simulated,
+            driver_version=getattr(collector, "driver_version", None),
+            gpus=len(devices()) if callable(devices) else None,
+        )
+        return StartupSummary.build(
+            server.settings, server.addresses, self.config_file, self.relabel_rules, nvml
+        )
+
+    def _ready(
+        self, health: SidecarHealth, server: SidecarServer, collector: CollectorLike
+    ) -> None:
+        health.mark_ready()
+        log.info(self._summary(server, collector).message())
 
     def request_stop(self, reason: str) -> None:
         """Ask the main thread to shut down (signal handlers and RPC handlers call this)."""
@@ -269,18 +330,27 @@ class Sidecar:
         code = getattr(self.parts.collector, "exit_code", None)
         return code if isinstance(code, int) and code else 1
 
-    def shutdown(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> bool:
+    def shutdown(
+        self,
+        timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        failed_start: bool = False,
+    ) -> bool:
         """Graceful shutdown within ``timeout_s`` (see the module docstring); True if clean.
 
         Each step gets a share of what is left of the budget, so a hung step cannot take it all.
+        ``failed_start``: undo a :meth:`start` that raised; logged at DEBUG only, so the start
+        error stays the last thing a user reads.
         """
         p = self.parts
         end = clock() + timeout_s
+        level = logging.DEBUG if failed_start else logging.INFO
 
         def left(share: float) -> float:
             return max(0.0, (end - clock()) * share)
 
-        log.info("shutting down", extra={"reason": self.stop_reason or "requested"})
+        log.log(level, "shutting down", extra={"reason": self.stop_reason or "requested"})
         p.health.enter_graceful_shutdown()
         p.server.stop(grace=min(1.0, left(0.2)))
         clean = p.batcher.stop(left(0.2))
@@ -291,11 +361,15 @@ class Sidecar:
             log.exception("final batch failed")
         if p.push is not None:
             p.push.shutdown(flush_timeout_s=left(1.0))
-        if self._owns_simulation:  # after nvmlShutdown: leave pynvml as this sidecar found it
+        self._uninstall_simulation()  # after nvmlShutdown
+        log.log(level, "stopped", extra={"clean": clean})
+        return clean
+
+    def _uninstall_simulation(self) -> None:
+        """Uninstall the simulated driver if this sidecar installed it (pynvml as it was found)."""
+        if self._owns_simulation:
             uninstall_simulation()
             self._owns_simulation = False
-        log.info("stopped", extra={"clean": clean})
-        return clean
 
 
 def _relabel_rules(path: str | None, mode: IdentityMode) -> Any:
@@ -308,6 +382,27 @@ def _relabel_rules(path: str | None, mode: IdentityMode) -> Any:
             check_profiler_mode_rules(rules)
         return rules
     except OSError as exc:
-        raise ConfigError([f"'identity.relabel_config': {path}: {exc.strerror or exc}"]) from None
+        raise ConfigError.setting(
+            "identity.relabel_config", f"{path}: {exc.strerror or exc}"
+        ) from None
     except ValueError as exc:
-        raise ConfigError([f"'identity.relabel_config': {path}: {exc}"]) from None
+        raise ConfigError.setting("identity.relabel_config", f"{path}: {exc}") from None
+
+
+def _push_exporter(store: BatchStore, config: SidecarConfig, telemetry: Telemetry) -> PushExporter:
+    """Build the push exporter; a certificate file it cannot read is an error naming its setting.
+
+    Raises:
+        ConfigError: naming ``push.ca_file``, ``push.cert_file`` or ``push.key_file``.
+
+    """
+    try:
+        return PushExporter(store, config.push, telemetry=telemetry)
+    except OSError as exc:
+        files = ("ca_file", "cert_file", "key_file")
+        setting = next((f for f in files if getattr(config.push, f) == exc.filename), None)
+        if setting is None:
+            raise
+        raise ConfigError.setting(
+            f"push.{setting}", f"cannot read {exc.filename!r}: {exc.strerror or exc}"
+        ) from None

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpumetrics.config import ConfigError
 
-__all__ = ["INSTALL_HINT", "install_simulation", "uninstall_simulation"]
+__all__ = ["INSTALL_HINT", "default_profile", "install_simulation", "uninstall_simulation"]
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def _nvmlsim() -> Any:
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] != "nvmlsim":
             raise  # something nvmlsim itself needs is missing: a broken install, say so as is
-        raise ConfigError([f"'runtime.simulate': {INSTALL_HINT}"]) from None
+        raise ConfigError.setting("runtime.simulate", INSTALL_HINT) from None
     return nvmlsim
 
 
@@ -55,8 +55,11 @@ def install_simulation(spec: str) -> bool:
     try:
         scenario = sim.load_scenario(sim.DEFAULT_PROFILE if spec == "default" else spec)
         sim.install(scenario, clock=sim.WallClock())
-    except (sim.ScenarioError, sim.UnsupportedBindingError) as exc:
-        raise ConfigError([f"'runtime.simulate': {exc}"]) from None
+    except sim.ScenarioError as exc:
+        problems = [f"{exc.source}: {p + ': ' if p else ''}{m}" for p, m in exc.problems]
+        raise ConfigError.setting("runtime.simulate", *problems) from None
+    except sim.UnsupportedBindingError as exc:
+        raise ConfigError.setting("runtime.simulate", str(exc)) from None
     except sim.AlreadyInstalledError:
         log.info("a simulated driver is already installed; using it")
         return False
@@ -65,6 +68,11 @@ def install_simulation(spec: str) -> bool:
         spec,
     )
     return True
+
+
+def default_profile() -> str:
+    """Return the name of the simulator's default profile (``--simulate`` without a value)."""
+    return str(_nvmlsim().DEFAULT_PROFILE)
 
 
 def uninstall_simulation() -> None:

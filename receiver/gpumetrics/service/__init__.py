@@ -14,6 +14,7 @@ from gpumetrics.service.names import (
     PROFILER_SERVICE,
     PULL_SERVICE,
     REFLECTION_SERVICE,
+    REFLECTION_V1_SERVICE,
 )
 from gpumetrics.service.profiler import DECLARER_METADATA_KEY, DeclaredStoreAPI, ProfilerServicer
 from gpumetrics.service.pull import DEFAULT_PULL_MAX_BYTES, PullServicer
@@ -34,6 +35,7 @@ __all__ = [
     "PROFILER_SERVICE",
     "PULL_SERVICE",
     "REFLECTION_SERVICE",
+    "REFLECTION_V1_SERVICE",
     "AuthPolicy",
     "BoundAddresses",
     "DeclaredStoreAPI",

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import grpc
 
+from gpumetrics.service.errors import SettingError
+
 MIN_TOKEN_LENGTH = 16
 """Shortest accepted token (characters), so a guessable word is refused at start-up."""
 
@@ -43,27 +45,29 @@ def read_token_file(path: str | Path, field: str) -> tuple[str, ...]:
     Several lines allow rotation (old and new token both accepted for a while).
 
     Raises:
-        ValueError: ``'<field>': ...`` when the file cannot be read, holds no token, or a token
+        SettingError: naming ``field`` when the file cannot be read, holds no token, or a token
             is shorter than :data:`MIN_TOKEN_LENGTH` or contains whitespace.
 
     """
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"'{field}': cannot read {str(path)!r}: {exc}") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SettingError(field, f"cannot read {str(path)!r}: {reason}") from None
     tokens = []
     for n, line in enumerate(text.splitlines(), start=1):
         token = line.strip()
         if not token or token.startswith("#"):
             continue
         if len(token) < MIN_TOKEN_LENGTH or any(ch.isspace() for ch in token):
-            raise ValueError(
-                f"'{field}': line {n} of {str(path)!r}: a token must be at least "
-                f"{MIN_TOKEN_LENGTH} characters without whitespace"
+            raise SettingError(
+                field,
+                f"line {n} of {str(path)!r}: a token must be at least "
+                f"{MIN_TOKEN_LENGTH} characters without whitespace",
             )
         tokens.append(token)
     if not tokens:
-        raise ValueError(f"'{field}': {str(path)!r} holds no token")
+        raise SettingError(field, f"{str(path)!r} holds no token")
     return tuple(tokens)
 
 
@@ -92,8 +96,8 @@ class TokenAuth:
         declare_tokens: tokens that may declare (empty: declaring needs no token).
 
     Raises:
-        ValueError: ``'declare_token_file': ...`` when a token is in both sets (its kind would
-            be ambiguous).
+        SettingError: naming ``declare_token_file`` when a token is in both sets (its kind
+            would be ambiguous).
 
     """
 
@@ -101,8 +105,9 @@ class TokenAuth:
         self._pull = tuple(t.encode() for t in pull_tokens)
         self._declare = tuple(t.encode() for t in declare_tokens)
         if set(self._pull) & set(self._declare):
-            raise ValueError(
-                "'declare_token_file': a token is also a pull token; use distinct tokens"
+            raise SettingError(
+                "declare_token_file",
+                "a token is also in pull_token_file; pulling and declaring need distinct tokens",
             )
 
     @property

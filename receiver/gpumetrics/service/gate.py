@@ -15,7 +15,10 @@ One :class:`Gatekeeper` per ``grpc.Server``:
 3. **Malformed requests.** grpcio answers a request it cannot parse with INTERNAL; here the
    parse error becomes INVALID_ARGUMENT naming the message type, before any servicer code runs.
 
-Refusals are counted in ``gpumetrics.server.rejected_calls{rpc.method, reason}``.
+Refusals are counted in ``gpumetrics.server.rejected_calls{rpc.method, reason}`` and logged at
+WARNING the first time for each method, refusal message (a missing token and a wrong one are two)
+and consumer (a Pull's ``consumer``, else the ``gpumetrics-declarer`` metadata), then at DEBUG;
+at most 256 such keys are remembered, so an unauthenticated client cannot grow the set.
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ from typing import Any
 import grpc
 
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
-from gpumetrics.service.auth import AuthPolicy, TokenAuth
+from gpumetrics.service.auth import AuthPolicy, Denial, TokenAuth
 from gpumetrics.service.names import service_of
+from gpumetrics.service.profiler import DECLARER_METADATA_KEY
 
 log = logging.getLogger(__name__)
 
 _LOGGED_MAX = 256
+_NAME_MAX = 128  # the longest consumer or declarer name the services accept
 
 
 class _Malformed:
@@ -110,7 +115,7 @@ class Gatekeeper(grpc.ServerInterceptor):
         self.slots = slots
         self._telemetry = telemetry
         self._logged_lock = threading.Lock()
-        self._logged: set[tuple[str, str]] = set()
+        self._logged: set[tuple[str, str, str]] = set()
 
     def set_policy(self, service: str, policy: AuthPolicy) -> None:
         """Set the policy of ``service`` (before the server starts)."""
@@ -125,25 +130,61 @@ class Gatekeeper(grpc.ServerInterceptor):
             return None
         method = handler_call_details.method
         policy = self._policies.get(service_of(method), self._default)
-        denial = self._auth.check(policy, handler_call_details.invocation_metadata)
+        metadata = handler_call_details.invocation_metadata
+        denial = self._auth.check(policy, metadata)
         if denial is not None:
-            self._count(method, denial.reason, denial.message)
-            return _refusing(handler, denial.code, denial.message)
+            self._count(method, denial.reason)
+            declarer = _metadata_value(metadata, DECLARER_METADATA_KEY)
+            return self._refusing(handler, method, denial, declarer)
         return self._wrap(handler, method)
 
-    # -- wrapping -------------------------------------------------------------------------------
+    # -- refusing and counting ------------------------------------------------------------------
 
-    def _count(self, method: str, reason: str, message: str) -> None:
+    def _count(self, method: str, reason: str, message: str | None = None) -> None:
         self._telemetry.add(
             "gpumetrics.server.rejected_calls",
             1,
             {"rpc.method": method.lstrip("/"), "reason": reason},
         )
+        if message is not None:
+            self._log_refusal(method, reason, message, "")
+
+    def _log_refusal(
+        self, method: str, why: str, message: str, consumer: str, peer: str = ""
+    ) -> None:
+        """Log a refusal at WARNING once per (method, ``why``, consumer), else at DEBUG."""
+        key = (method, why, consumer)
         with self._logged_lock:
-            first = (method, reason) not in self._logged and len(self._logged) < _LOGGED_MAX
+            first = key not in self._logged and len(self._logged) < _LOGGED_MAX
             if first:
-                self._logged.add((method, reason))
-        log.log(logging.WARNING if first else logging.DEBUG, "refused %s: %s", method, message)
+                self._logged.add(key)
+        who = f" from {peer}" if peer else ""
+        who += f" (consumer {consumer!r})" if consumer else ""
+        level = logging.WARNING if first else logging.DEBUG
+        log.log(level, "refused %s%s: %s", method, who, message)
+
+    def _refusing(self, handler: Any, method: str, denial: Denial, declarer: str) -> Any:
+        """Return a handler shaped like ``handler`` that logs the refusal and answers it.
+
+        A unary request is parsed (tolerantly) only to name its ``consumer`` in the log.
+        """
+        parse = _tolerant(handler.request_deserializer) if not handler.request_streaming else None
+
+        def refuse(request: Any, context: Any) -> Any:
+            consumer = getattr(request, "consumer", "") or declarer
+            name = consumer[:_NAME_MAX] if isinstance(consumer, str) else ""
+            self._log_refusal(method, denial.message, denial.message, name, context.peer() or "")
+            context.abort(denial.code, denial.message)
+
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(refuse)
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(refuse, parse)
+        return grpc.unary_unary_rpc_method_handler(refuse, parse)
+
+    # -- wrapping -------------------------------------------------------------------------------
 
     def _check(self, request: Any, context: Any, method: str) -> None:
         if isinstance(request, _Malformed):
@@ -233,16 +274,8 @@ def _tolerant(parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | 
     return tolerant
 
 
-def _refusing(handler: Any, code: grpc.StatusCode, message: str) -> Any:
-    """Return a handler shaped like ``handler`` that answers ``code`` without parsing."""
-
-    def refuse(_request: Any, context: Any) -> Any:
-        context.abort(code, message)
-
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse)
-    return grpc.unary_unary_rpc_method_handler(refuse)
+def _metadata_value(metadata: Any, key: str) -> str:
+    for k, v in metadata or ():
+        if k == key and isinstance(v, str):
+            return v
+    return ""

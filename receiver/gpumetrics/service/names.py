@@ -19,7 +19,10 @@ HEALTH_SERVICE: str = health.SERVICE_NAME
 """``grpc.health.v1.Health``."""
 
 REFLECTION_SERVICE: str = reflection.SERVICE_NAME
-"""``grpc.reflection.v1alpha.ServerReflection`` (the only version grpcio-reflection serves)."""
+"""``grpc.reflection.v1alpha.ServerReflection`` (grpcio-reflection's servicer)."""
+
+REFLECTION_V1_SERVICE = "grpc.reflection.v1.ServerReflection"
+"""``grpc.reflection.v1.ServerReflection`` (same servicer, :mod:`gpumetrics.service.reflection`)."""
 
 OVERALL_HEALTH: str = health.OVERALL_HEALTH
 """``""``: the health name of the server as a whole."""

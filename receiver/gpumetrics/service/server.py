@@ -17,6 +17,7 @@ Collaborators are passed in; nothing is global, so tests and the go-plugin mode 
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import logging
 import os
@@ -29,10 +30,10 @@ from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 from gpumetrics.service.auth import AuthPolicy, TokenAuth, read_token_file
+from gpumetrics.service.errors import SettingError
 from gpumetrics.service.gate import Gatekeeper, StreamSlots
 from gpumetrics.service.health import SidecarHealth
 from gpumetrics.service.names import (
@@ -40,9 +41,11 @@ from gpumetrics.service.names import (
     PROFILER_SERVICE,
     PULL_SERVICE,
     REFLECTION_SERVICE,
+    REFLECTION_V1_SERVICE,
 )
 from gpumetrics.service.profiler import DeclaredStoreAPI, ProfilerServicer
 from gpumetrics.service.pull import PullServicer
+from gpumetrics.service.reflection import enable_reflection
 from gpumetrics.service.settings import (
     ENVELOPE_BYTES,
     ListenAddress,
@@ -60,6 +63,7 @@ _BASE_POLICIES = {
     PROFILER_SERVICE: AuthPolicy.DECLARE,
     HEALTH_SERVICE: AuthPolicy.NONE,
     REFLECTION_SERVICE: AuthPolicy.ANY,
+    REFLECTION_V1_SERVICE: AuthPolicy.ANY,
 }
 _HEALTH_WORKERS = 2
 
@@ -99,7 +103,7 @@ class SidecarServer:
         telemetry: self-telemetry for the store-facing servicers and the gatekeepers.
 
     Raises:
-        ValueError: naming the setting when a token or TLS file cannot be used.
+        SettingError: naming the setting when a token or TLS file cannot be used.
 
     Lifecycle: ``add_service``/``add_listener`` (optional) → :meth:`start` → :meth:`stop`.
 
@@ -219,7 +223,9 @@ class SidecarServer:
 
         Raises:
             ValueError: naming ``role`` for a bad or insecure address.
-            RuntimeError: the bind failed, or the server has already started.
+            ListenError: (a ``RuntimeError``) the bind failed: the address is in use, or not
+                this machine's.
+            RuntimeError: the server has already started.
 
         """
         with self._lock:
@@ -228,37 +234,38 @@ class SidecarServer:
             group = self._main if role == "listen" or self._profiler is None else self._profiler
             addr = parse_listen_address(address, role)
             self.settings.check_listener(addr, role)
-            return self._bind(group, addr)
+            return self._bind(group, addr, role)
 
-    def _bind(self, group: _Group, addr: ListenAddress) -> str:
+    def _bind(self, group: _Group, addr: ListenAddress, field: str) -> str:
         try:
-            return self._bind_one(group, addr)
+            return self._bind_one(group, addr, field)
         except ListenError:
             raise
-        except RuntimeError as exc:  # grpc: "Failed to bind to address ..."
-            raise ListenError(
-                f"'{group.role}': cannot listen on {addr.bind_target()}: {exc}"
-            ) from None
+        except RuntimeError as exc:  # grpc: "Failed to bind to address ...; set GRPC_VERBOSITY"
+            reason = str(exc).split(";", 1)[0]  # the rest is grpc's GRPC_VERBOSITY hint
+            raise ListenError(field, f"cannot listen on {addr.text}: {reason}") from None
 
-    def _bind_one(self, group: _Group, addr: ListenAddress) -> str:
+    def _bind_one(self, group: _Group, addr: ListenAddress, field: str) -> str:
         target = addr.bind_target()
         if addr.kind == "unix":
             parent = os.path.dirname(addr.path)
             if not os.path.isdir(parent):
-                raise ValueError(f"'{group.role}': directory {parent!r} does not exist")
-            _claim_socket_path(addr.path, group.role)
+                raise SettingError(field, f"directory {parent!r} does not exist")
+            _claim_socket_path(addr.path, field)
             old = os.umask(0o177)  # process-wide, but only at start-up: never wider than 0600
             try:
                 group.server.add_insecure_port(target)
             finally:
                 os.umask(old)
-            self._secure_socket(addr.path, group.role)
+            self._secure_socket(addr.path, field)
             group.sockets.append(addr.path)
             port = 0
-        elif self._credentials is not None and group.role != "health_listen":
-            port = group.server.add_secure_port(target, self._credentials)
         else:
-            port = group.server.add_insecure_port(target)
+            _probe_tcp(addr, field)
+            if self._credentials is not None and group.role != "health_listen":
+                port = group.server.add_secure_port(target, self._credentials)
+            else:
+                port = group.server.add_insecure_port(target)
         dial = addr.dial_target(port)
         group.bound.append(dial)
         return dial
@@ -270,8 +277,8 @@ class SidecarServer:
                 gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
                 os.chown(path, -1, gid)
             except (KeyError, OSError) as exc:
-                raise ValueError(
-                    f"'unix_socket_group': cannot give {path!r} to {group!r}: {exc}"
+                raise SettingError(
+                    "unix_socket_group", f"cannot give {path!r} to {group!r}: {exc}"
                 ) from None
         os.chmod(path, self.settings.unix_socket_mode)
         log.debug("%s: unix socket %s mode %o", role, path, stat.S_IMODE(os.stat(path).st_mode))
@@ -287,8 +294,9 @@ class SidecarServer:
         On failure nothing is left bound (sockets removed) and the server cannot be started again.
 
         Raises:
-            RuntimeError: a bind failed, or no listener serves the pull service.
-            ValueError: naming the field of a listener that cannot be used.
+            ListenError: (a ``RuntimeError``) a bind failed, naming the listener's field.
+            RuntimeError: no listener serves the pull service.
+            SettingError: naming the field of a listener that cannot be used.
 
         """
         with self._lock:
@@ -303,7 +311,7 @@ class SidecarServer:
                 self._remove_sockets()
                 raise
             self._started = True
-        log.info("serving: %s", self.addresses)
+        log.debug("serving: %s", self.addresses)  # the runtime's start-up summary names them
 
     def _start_locked(self) -> None:
         s = self.settings
@@ -311,15 +319,17 @@ class SidecarServer:
             group = self._main if role == "listen" else self._profiler
             for i, text in enumerate(texts):
                 assert group is not None
-                self._bind(group, parse_listen_address(text, f"{role}[{i}]"))
+                field = f"{role}[{i}]"
+                self._bind(group, parse_listen_address(text, field), field)
         if self._health_only is not None and s.health_listen is not None:
-            self._bind(self._health_only, parse_listen_address(s.health_listen, "health_listen"))
+            address = parse_listen_address(s.health_listen, "health_listen")
+            self._bind(self._health_only, address, "health_listen")
         if not self._main.bound:
             raise RuntimeError("'listen': no listener configured for the pull service")
         if s.reflection:
             for g in (self._main, self._profiler):
                 if g is not None:
-                    reflection.enable_server_reflection([*g.services, REFLECTION_SERVICE], g.server)
+                    enable_reflection(g.server, g.services)
         for g in self._groups():
             g.server.start()
 
@@ -386,8 +396,65 @@ class SidecarServer:
 class ListenError(RuntimeError):
     """A listener could not be bound (address in use, permission, a live unix socket).
 
-    The message names the setting (``'listen': ...``); the CLI prints it as one line.
+    Attributes:
+        setting: the listener's field (``listen[0]``, ``profiler_listen[0]``, ``health_listen``).
+        reason: why, and what to do.
+
+    ``str()`` is ``'<setting>': <reason>``; the runtime reports it as a configuration error.
+
     """
+
+    def __init__(self, setting: str, reason: str) -> None:
+        self.setting = setting
+        self.reason = reason
+        super().__init__(f"'{setting}': {reason}")
+
+
+_BIND_ERRORS = {
+    errno.EADDRINUSE: "is in use by another process; stop it or choose another port",
+    errno.EACCES: "needs privileges (ports below 1024); choose a port of 1024 or more",
+    errno.EADDRNOTAVAIL: "is not an address of this machine",
+}
+
+
+def _probe_tcp(addr: ListenAddress, field: str) -> None:
+    """Bind ``addr`` once with the socket options grpc uses, so a port in use is one clear line.
+
+    grpc would otherwise log a raw ``add_port.cc`` error and raise "Failed to bind ... set
+    GRPC_VERBOSITY=debug". Port 0 is not probed (any free port is taken). The probe socket is
+    closed at once and never listens; a port taken in between still fails in grpc's own bind.
+
+    Raises:
+        ListenError: naming ``field``, for an address in use, privileged, or not this machine's.
+
+    """
+    if addr.port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(
+            addr.host, addr.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise ListenError(field, f"cannot resolve {addr.host!r}: {exc.strerror}") from None
+    unusable: list[OSError] = []
+    for family, kind, proto, _, sockaddr in infos:
+        probe = socket.socket(family, kind, proto)
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc does
+            probe.bind(sockaddr)
+        except OSError as exc:
+            if exc.errno != errno.EADDRNOTAVAIL:  # in use, or privileged: whatever the family
+                raise ListenError(field, _bind_reason(addr, exc)) from None
+            unusable.append(exc)  # e.g. ::1 of "localhost" on a host without IPv6
+        finally:
+            probe.close()
+    if unusable and len(unusable) == len(infos):
+        raise ListenError(field, _bind_reason(addr, unusable[0]))
+
+
+def _bind_reason(addr: ListenAddress, exc: OSError) -> str:
+    why = _BIND_ERRORS.get(exc.errno or 0, f"cannot be bound: {exc.strerror or exc}")
+    return f"{addr.text} {why}"
 
 
 def _claim_socket_path(path: str, role: str, timeout_s: float = 1.0) -> None:
@@ -400,7 +467,7 @@ def _claim_socket_path(path: str, role: str, timeout_s: float = 1.0) -> None:
 
     Raises:
         ListenError: naming ``role``, when a live server answers on ``path``.
-        ValueError: naming ``role``, when ``path`` exists and is not a socket.
+        SettingError: naming ``role``, when ``path`` exists and is not a socket.
 
     """
     try:
@@ -408,7 +475,7 @@ def _claim_socket_path(path: str, role: str, timeout_s: float = 1.0) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
-        raise ValueError(f"'{role}': {path!r} exists and is not a unix socket")
+        raise SettingError(role, f"{path!r} exists and is not a unix socket")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(timeout_s)
     try:
@@ -419,10 +486,9 @@ def _claim_socket_path(path: str, role: str, timeout_s: float = 1.0) -> None:
             os.unlink(path)
         return
     except OSError as exc:
-        raise ListenError(f"'{role}': cannot check unix socket {path!r}: {exc}") from None
+        raise ListenError(role, f"cannot check unix socket {path!r}: {exc}") from None
     finally:
         probe.close()
     raise ListenError(
-        f"'{role}': unix socket {path!r} is in use by a running server; stop it or choose "
-        "another path"
+        role, f"unix socket {path!r} is in use by a running server; stop it or choose another path"
     )

@@ -218,8 +218,13 @@ class ServerSettings(BaseModel):
     @model_validator(mode="after")
     def _security(self) -> ServerSettings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            missing = "tls_key_file" if self.tls_key_file is None else "tls_cert_file"
-            raise ValueError(f"'{missing}': tls_cert_file and tls_key_file go together")
+            missing, given = ("tls_key_file", "tls_cert_file")
+            if self.tls_cert_file is None:
+                missing, given = given, missing
+            raise ValueError(
+                f"'{missing}': not set, but {given} is; TLS needs both "
+                "(--tls-cert-file and --tls-key-file)"
+            )
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("'tls_client_ca_file': mTLS needs tls_cert_file and tls_key_file")
         if self.pull_default_max_bytes > self.max_send_message_bytes - ENVELOPE_BYTES:

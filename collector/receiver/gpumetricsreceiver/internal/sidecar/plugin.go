@@ -23,6 +23,59 @@ import (
 // healthService is the health-check service name every go-plugin plugin reports SERVING under.
 const healthService = "plugin"
 
+const (
+	// exitWait bounds the wait for the sidecar to end after go-plugin failed to start it (go-plugin
+	// has already SIGKILLed it then), so that its exit status and last stderr lines are known.
+	exitWait = 5 * time.Second
+	// exitPoll is how often go-plugin's Client.Exited is checked meanwhile (go-plugin offers no
+	// exit notification).
+	exitPoll = 10 * time.Millisecond
+)
+
+// StartError is returned by StartPlugin when the sidecar could not be started. Its message
+// quotes the sidecar's last stderr lines and, when the process ended during the start, how it
+// ended: a sidecar refusing its configuration exits with status 2 and says why on stderr before
+// any handshake, which go-plugin alone reports as "Unrecognized remote plugin message" with notes
+// about the plugin's architecture.
+type StartError struct {
+	// Command is the configured command.
+	Command string
+	// Err is what go-plugin, the dispense or the health check reported.
+	Err error
+	// State is how the process ended, when it ended by itself during the start; nil otherwise.
+	State *os.ProcessState
+	// Stderr holds the sidecar's last stderr lines (at most 5), oldest first, without hclog
+	// JSON or level prefixes.
+	Stderr []string
+}
+
+func (e *StartError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "starting sidecar %q: ", e.Command)
+	switch {
+	case e.State != nil && e.State.Exited():
+		fmt.Fprintf(&b, "it exited with status %d before the go-plugin handshake", e.State.ExitCode())
+		if len(e.Stderr) == 0 {
+			b.WriteString(" and wrote nothing to stderr")
+			if e.State.ExitCode() == 0 {
+				fmt.Fprintf(&b, "; is %q the gpumetrics sidecar (`gpumetrics serve`)?", e.Command)
+			}
+		}
+	case e.State != nil:
+		fmt.Fprintf(&b, "%v; the sidecar ended (%s)", e.Err, e.State)
+	default:
+		fmt.Fprintf(&b, "%v", e.Err)
+	}
+	if len(e.Stderr) > 0 {
+		b.WriteString("; its stderr ended with: ")
+		b.WriteString(strings.Join(e.Stderr, " | "))
+	}
+	return b.String()
+}
+
+// Unwrap returns Err.
+func (e *StartError) Unwrap() error { return e.Err }
+
 // PluginConfig says how to start the sidecar as a go-plugin subprocess.
 type PluginConfig struct {
 	// Command is the executable (a path, or a name looked up in PATH). It is executed directly,
@@ -72,7 +125,8 @@ func MergeEnv(base []string, extra map[string]string) []string {
 
 // StartPlugin starts the sidecar, waits for its handshake (at most cfg.StartTimeout), dispenses
 // the pull client and checks that the sidecar answers grpc.health.v1 for "plugin". On any
-// failure the process is stopped and the error says which step failed.
+// failure the process is stopped and the error, a *StartError, says which step failed, how the
+// process ended and what it last wrote to stderr.
 func StartPlugin(ctx context.Context, cfg PluginConfig) (*Plugin, error) {
 	path, err := exec.LookPath(cfg.Command)
 	if err != nil {
@@ -80,6 +134,7 @@ func StartPlugin(ctx context.Context, cfg PluginConfig) (*Plugin, error) {
 	}
 	cmd := exec.Command(path, cfg.Args...)
 	cmd.Env = MergeEnv(os.Environ(), cfg.Env)
+	tail := &stderrTail{}
 
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:     Handshake,
@@ -91,20 +146,57 @@ func StartPlugin(ctx context.Context, cfg PluginConfig) (*Plugin, error) {
 		AutoMTLS:            false,
 		StartTimeout:        cfg.StartTimeout,
 		Logger:              hclogzap.New(cfg.Logger),
+		Stderr:              tail,
 	})
 	p := &Plugin{client: client, cmd: cmd, logger: cfg.Logger}
-	if err := p.connect(ctx); err != nil {
+	rpc, err := client.Client() // starts the process and reads the handshake
+	if err != nil {
+		// go-plugin has stopped the process (SIGKILL) unless it had ended by itself; once it has
+		// ended, its exit state and last stderr lines are known and there is nothing to kill.
+		state := p.waitExit(ctx, exitWait)
+		if state == nil {
+			_ = p.Close(ctx)
+		}
+		if state != nil && state.Exited() {
+			p.logger.Debug("go-plugin's start error, replaced by the sidecar's own", zap.Error(err))
+		}
+		return nil, &StartError{Command: cfg.Command, Err: err, State: state, Stderr: tail.Lines()}
+	}
+	if err := p.connect(ctx, rpc); err != nil {
+		var state *os.ProcessState
+		if client.Exited() {
+			state = cmd.ProcessState // set before Exited turns true (go-plugin's wait goroutine)
+		}
 		_ = p.Close(ctx)
-		return nil, fmt.Errorf("starting sidecar %q: %w", cfg.Command, err)
+		return nil, &StartError{Command: cfg.Command, Err: err, State: state, Stderr: tail.Lines()}
 	}
 	return p, nil
 }
 
-func (p *Plugin) connect(ctx context.Context) error {
-	rpc, err := p.client.Client() // starts the process and reads the handshake
-	if err != nil {
-		return err
+// waitExit waits up to wait (or until ctx ends) for go-plugin to see the process end, and returns
+// its exit state; nil when the process never started or has not ended in time.
+func (p *Plugin) waitExit(ctx context.Context, wait time.Duration) *os.ProcessState {
+	if p.cmd.Process == nil {
+		return nil // exec failed: there is no process
 	}
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	tick := time.NewTicker(exitPoll)
+	defer tick.Stop()
+	for !p.client.Exited() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	// go-plugin sets Exited under its lock after cmd.Wait returned, so ProcessState is set.
+	return p.cmd.ProcessState
+}
+
+func (p *Plugin) connect(ctx context.Context, rpc plugin.ClientProtocol) error {
 	raw, err := rpc.Dispense(PluginName)
 	if err != nil {
 		return fmt.Errorf("dispense %q: %w", PluginName, err)
