@@ -58,6 +58,10 @@ tmp=$(mktemp "$cache/.otelcol-XXXXXX")
 cp _build/otelcol-gpumetrics "$tmp"
 chmod 0755 "$tmp"
 mv -f "$tmp" "$bin"
-# Drop binaries built from older sources.
-find "$cache" -maxdepth 1 -name 'otelcol-*' -type f ! -name "otelcol-$key" ! -name 'otelcol.lock' -delete
+# Keep the newest few binaries (about 40 MB each), not only this one: several checkouts or
+# worktrees of the repository share the cache, and each must not delete the binary another one
+# is about to run.
+KEEP=6
+find "$cache" -maxdepth 1 -name 'otelcol-*' -type f ! -name 'otelcol.lock' -printf '%T@ %p\n' \
+  | sort -rn | tail -n +$((KEEP + 1)) | cut -d' ' -f2- | xargs -r rm -f --
 echo "$bin"

@@ -209,7 +209,7 @@ def test_one_startup_summary_line_when_ready(tmp_path, caplog):
     relabel = tmp_path / "relabel.yaml"
     relabel.write_text(
         "- {source_labels: [__meta_process_executable_name], regex: python, action: keep}\n"
-        "- {target_label: team, replacement: ml}\n"
+        "- {source_labels: [__meta_process_pid], regex: \"1\", action: drop}\n"
     )
     profiler = tmp_path / "profiler.sock"
     cfg = config(

@@ -186,8 +186,8 @@ def test_a_profile_that_does_not_exist(capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith(
-        "gpumetrics: 'runtime.simulate' (from flag --simulate): h100-8x: no such profile or "
-        "file; built-in profiles: a100-mig, "
+        "gpumetrics: 'runtime.simulate' (from flag --simulate): h100-8x: no such profile, "
+        "field case or file; built-in profiles: a100-mig, "
     )
     assert len(err.splitlines()) == 1 and "Traceback" not in err
 

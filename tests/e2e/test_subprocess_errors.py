@@ -44,8 +44,8 @@ def collector_config(path: Path, args: list[str], env: dict[str, str]) -> Path:
         (
             ["serve", "--plugin", "--simulate", "h100-8x"],
             {},
-            "gpumetrics: 'runtime.simulate' (from flag --simulate): h100-8x: no such profile or "
-            "file; built-in profiles: ",
+            "gpumetrics: 'runtime.simulate' (from flag --simulate): h100-8x: no such profile, "
+            "field case or file; built-in profiles: ",
         ),
         (
             ["serve", "--plugin", "--simulate"],

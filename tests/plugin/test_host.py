@@ -197,7 +197,7 @@ def test_plugin_mode_refusals_exit_1_with_a_message(tmp_path, extra, args, text)
             {},
             ["serve", "--plugin", "--simulate", "h100-8x"],
             "[ERROR] gpumetrics: 'runtime.simulate' (from flag --simulate): h100-8x: no such "
-            "profile or file; built-in profiles: ",
+            "profile, field case or file; built-in profiles: ",
         ),
     ],
 )

@@ -227,7 +227,7 @@ func TestRealSidecarConfigErrorsReachTheStartError(t *testing.T) {
 		{
 			name: "bad profile in args",
 			args: []string{"serve", "--plugin", "--simulate", "h100-8x"},
-			want: "gpumetrics: 'runtime.simulate' (from flag --simulate): h100-8x: no such profile or file; built-in profiles: ",
+			want: "gpumetrics: 'runtime.simulate' (from flag --simulate): h100-8x: no such profile, field case or file; built-in profiles: ",
 		},
 		{
 			name: "bad variable in env",
