@@ -3,16 +3,12 @@ package sidecar
 import (
 	"context"
 	"crypto/tls"
-	"fmt"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
 	gpumetricsv1 "github.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1"
+	"github.com/gpumetrics/gpumetrics/collector/internal/sidecarconn"
 )
 
 // RemoteConfig says how to reach a sidecar that runs on its own.
@@ -24,13 +20,6 @@ type RemoteConfig struct {
 	// MaxRecvMsgSize bounds one PullResponse, in bytes (gRPC's default is 4 MiB).
 	MaxRecvMsgSize int
 }
-
-// reconnectBackoff keeps reconnection attempts to a restarted sidecar frequent: gRPC's default
-// backoff grows to 2 minutes, longer than many collection intervals.
-var reconnectBackoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second}
-
-// minConnectTimeout bounds one connection attempt.
-const minConnectTimeout = 5 * time.Second
 
 // Remote is a gRPC client connection to a running sidecar. It connects lazily and reconnects by
 // itself. Calls wait for the connection to be ready until their context ends (the scrape
@@ -48,22 +37,13 @@ var _ Conn = (*Remote)(nil)
 
 // DialRemote creates the client connection. It does not contact the sidecar.
 func DialRemote(cfg RemoteConfig) (*Remote, error) {
-	creds := insecure.NewCredentials()
-	if cfg.TLS != nil {
-		creds = credentials.NewTLS(cfg.TLS)
-	}
 	callOpts := []grpc.CallOption{grpc.WaitForReady(true)}
 	if cfg.MaxRecvMsgSize > 0 {
 		callOpts = append(callOpts, grpc.MaxCallRecvMsgSize(cfg.MaxRecvMsgSize))
 	}
-	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(callOpts...),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff, MinConnectTimeout: minConnectTimeout}),
-	}
-	conn, err := grpc.NewClient(cfg.Target, opts...)
+	conn, err := sidecarconn.Dial(cfg.Target, cfg.TLS, grpc.WithDefaultCallOptions(callOpts...))
 	if err != nil {
-		return nil, fmt.Errorf("sidecar endpoint %q: %w", cfg.Target, err)
+		return nil, err
 	}
 	return &Remote{conn: conn, pull: gpumetricsv1.NewMetricsPullServiceClient(conn)}, nil
 }
