@@ -142,7 +142,7 @@ type Client struct {
 	done    chan struct{} // closed when the goroutine returned
 
 	declared, unchanged, rejected, full, exits, resyncs, released, streamFailures atomic.Uint64
-	connected                                                                      atomic.Bool
+	connected                                                                     atomic.Bool
 }
 
 // New returns a Client that declares over conn (a connection to the sidecar's profiler

@@ -39,7 +39,9 @@ func TestEncodeResourceKeepsEveryValueTypeSorted(t *testing.T) {
 
 	b, err := EncodeResource(m)
 	require.NoError(t, err)
-	str := func(v string) *commonpb.AnyValue { return &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: v}} }
+	str := func(v string) *commonpb.AnyValue {
+		return &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: v}}
+	}
 	want := &resourcepb.Resource{Attributes: []*commonpb.KeyValue{
 		{Key: "empty", Value: &commonpb.AnyValue{}},
 		{Key: "flag", Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_BoolValue{BoolValue: true}}},
