@@ -93,8 +93,9 @@ const (
 type Stats struct {
 	// Processes is the number of processes held: the set replayed at every resynchronisation.
 	Processes int
-	// Pending is the number of processes whose declaration or exit waits to be sent; while no
-	// stream is open (or a resynchronisation is due) it is every held process.
+	// Pending is the number of declarations and exits not yet answered by the sidecar: waiting
+	// to be sent, or sent and unanswered. While no stream is open (or a resynchronisation is
+	// due) it is every held process, all of which the next resynchronisation sends.
 	Pending int
 	// Declared counts declarations the sidecar accepted.
 	Declared uint64
@@ -143,6 +144,9 @@ type Client struct {
 
 	declared, unchanged, rejected, full, exits, resyncs, released, streamFailures atomic.Uint64
 	connected                                                                     atomic.Bool
+	// unsent counts the changes the sender took and has not sent yet; unanswered the events
+	// sent on the current stream and not answered yet (both 0 between streams).
+	unsent, unanswered atomic.Int64
 }
 
 // New returns a Client that declares over conn (a connection to the sidecar's profiler
@@ -289,7 +293,7 @@ func (c *Client) Resync(all []Process) error {
 func (c *Client) Stats() Stats {
 	c.mu.Lock()
 	processes := len(c.desired)
-	pending := len(c.dirty)
+	pending := len(c.dirty) + int(c.unsent.Load()) + int(c.unanswered.Load())
 	if !c.streaming || c.resyncDue {
 		pending = processes
 	}
@@ -365,6 +369,8 @@ func (c *Client) setStreaming(v bool) {
 	c.mu.Unlock()
 	if !v {
 		c.connected.Store(false)
+		c.unsent.Store(0)
+		c.unanswered.Store(0)
 	}
 }
 

@@ -202,7 +202,7 @@ func TestReconnectReplaysEverythingBetweenResyncMarkers(t *testing.T) {
 	srv.WaitFor(t, "20 and 21 declared on stream 1", func(ev []declaretest.Event) bool {
 		return lastDeclare(ev, 20) != nil && lastDeclare(ev, 21) != nil
 	})
-	waitStats(t, c, "stream 1 answered", func(s Stats) bool { return s.Declared == 2 && s.Resyncs == 1 })
+	waitStats(t, c, "stream 1 answered", func(s Stats) bool { return s.Declared >= 2 && s.Resyncs == 1 })
 
 	// The sidecar dies and comes back: a new stream replays the held set, 22 is not in it.
 	lis.Stop()

@@ -144,6 +144,7 @@ func (c *Client) take(newStream bool) (resync bool, batch []change, closing bool
 		for pid, e := range c.desired {
 			batch = append(batch, change{pid, e})
 		}
+		c.unsent.Store(int64(len(batch)))
 		return true, batch, c.closing
 	}
 	if len(c.dirty) > 0 {
@@ -152,6 +153,7 @@ func (c *Client) take(newStream bool) (resync bool, batch []change, closing bool
 			batch = append(batch, change{pid, c.desired[pid]})
 		}
 		clear(c.dirty)
+		c.unsent.Store(int64(len(batch)))
 	}
 	return false, batch, c.closing
 }
@@ -168,6 +170,7 @@ func (s *session) resync(batch []change) error {
 		if err := s.declare(ch.pid, ch.e); err != nil {
 			return err
 		}
+		s.c.unsent.Add(-1)
 	}
 	end := &gpumetricsv1.StreamDeclarationsRequest{Event: &gpumetricsv1.StreamDeclarationsRequest_ResyncEnd{ResyncEnd: &gpumetricsv1.ResyncEnd{}}}
 	return s.send(end, sentEvent{kind: kindResyncEnd, count: len(batch)})
@@ -177,6 +180,7 @@ func (s *session) resync(batch []change) error {
 // stream had declared.
 func (s *session) apply(batch []change) error {
 	for _, ch := range batch {
+		s.c.unsent.Add(-1)
 		held, ok := s.held[ch.pid]
 		switch {
 		case ch.e != nil && ok && held.fp == ch.e.fp:
@@ -209,6 +213,9 @@ func (s *session) declare(pid uint32, e *entry) error {
 func (s *session) send(req *gpumetricsv1.StreamDeclarationsRequest, ev sentEvent) error {
 	select {
 	case s.inflight <- ev:
+		if ev.kind == kindDeclare || ev.kind == kindExit {
+			s.c.unanswered.Add(1)
+		}
 	case <-s.broken:
 		return s.brokenErr()
 	case <-s.ctx.Done():
@@ -272,6 +279,9 @@ func (s *session) receive() {
 			return
 		}
 		s.answered.Store(true)
+		if ev.kind == kindDeclare || ev.kind == kindExit {
+			c.unanswered.Add(-1)
+		}
 		s.account(c, ev, resp)
 	}
 }
