@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Tests the collector/ Go module: generated code is fresh, gofmt is clean, the Dockerfile passes
-# hadolint, go vet, go test.
+# hadolint, go vet, go test, then the integration tests (-tags integration: the gpumetrics exporter
+# against the real Python sidecar) and the examples/declarer module (a build, vet and gofmt).
 # The project's test command (scripts/test.sh at the repository root) calls this.
 #
 # Environment:
-#   PYTHON     Python with grpcio-tools, for the freshness check (see scripts/gen-proto.sh)
-#   HADOLINT   the hadolint binary (default: hadolint on PATH, else the repository's .venv)
+#   PYTHON           Python with grpcio-tools, for the freshness check (see scripts/gen-proto.sh)
+#   HADOLINT         the hadolint binary (default: hadolint on PATH, else the repository's .venv)
+#   SIDECAR_COMMAND  the sidecar's `gpumetrics` console script for the integration tests
+#                    (default: next to $PYTHON, else the repository's .venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +24,7 @@ if ! diff -r "$tmp/before" internal/gpumetricsv1 >/dev/null; then
 fi
 
 echo "== collector: gofmt"
-unformatted=$(find . -name '*.go' ! -path './_build/*' -print0 | xargs -0 gofmt -l)
+unformatted=$(find . ../examples/declarer -name '*.go' ! -path './_build/*' -print0 | xargs -0 gofmt -l)
 if [ -n "$unformatted" ]; then
   echo "gofmt would change: $unformatted" >&2
   exit 1
@@ -38,8 +41,21 @@ if [ ! -x "$(command -v "$hadolint" || true)" ]; then
 fi
 "$hadolint" Dockerfile
 
-echo "== collector: go vet"
-go vet ./...
+echo "== collector: go vet (with the integration-tagged tests)"
+go vet -tags integration ./...
 
 echo "== collector: go test"
 go test ./...
+
+echo "== collector: go test -tags integration (the exporter against the real sidecar)"
+sidecar=${SIDECAR_COMMAND:-}
+if [ -z "$sidecar" ] && [ -n "${PYTHON:-}" ]; then sidecar="$(dirname "$PYTHON")/gpumetrics"; fi
+if [ -z "$sidecar" ]; then sidecar="$(cd .. && pwd)/.venv/bin/gpumetrics"; fi
+if [ ! -x "$sidecar" ]; then
+  echo "the gpumetrics sidecar $sidecar is missing: install the project (pip install -e .) or set SIDECAR_COMMAND" >&2
+  exit 1
+fi
+SIDECAR_COMMAND="$sidecar" go test -tags integration -run Integration ./exporter/...
+
+echo "== examples/declarer: build and vet (its own module, importing collector/pkg/declarer)"
+(cd ../examples/declarer && go vet ./... && go build -o /dev/null .)
