@@ -58,6 +58,7 @@ tmp=$(mktemp "$cache/.otelcol-XXXXXX")
 cp _build/otelcol-gpumetrics "$tmp"
 chmod 0755 "$tmp"
 mv -f "$tmp" "$bin"
-# Drop binaries built from older sources.
-find "$cache" -maxdepth 1 -name 'otelcol-*' -type f ! -name "otelcol-$key" ! -name 'otelcol.lock' -delete
+# Drop binaries built from other sources more than a day ago. Younger ones stay: other work
+# trees of the same repository (or a CI stage still running) may be using them.
+find "$cache" -maxdepth 1 -name 'otelcol-*' -type f ! -name "otelcol-$key" ! -name 'otelcol.lock' -mmin +1440 -delete
 echo "$bin"
