@@ -182,11 +182,14 @@ def procs() -> Iterator[list[Proc]]:
 
 class GpuProcess:
     """A real local process to stand in for a GPU process of the simulated driver, so procfs
-    lookups (start time, cmdline) resolve. It ends by itself when its stdin is closed."""
+    lookups (start time, cmdline) resolve. It ends by itself when its stdin is closed.
+    ``env`` is added to its environment (e.g. the OTEL_* variables a profiler reads)."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: Mapping[str, str] = {}) -> None:
         self.popen = subprocess.Popen(
-            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+            [sys.executable, "-c", "import sys; sys.stdin.read()"],
+            stdin=subprocess.PIPE,
+            env={**os.environ, **env},
         )
         self.pid = self.popen.pid
 
