@@ -52,7 +52,7 @@ type profilesExporter struct {
 	stop   chan struct{}
 	swept  chan struct{}
 
-	noPID, gone                 atomic.Int64
+	noPID, gone, unchanged      atomic.Int64
 	exitedGone, exitedRestarted atomic.Int64
 	exitedExpired               atomic.Int64
 	warned                      sync.Map // log-once keys
@@ -174,12 +174,20 @@ func (e *profilesExporter) consumeProfiles(_ context.Context, pd pprofile.Profil
 	return nil
 }
 
+// declare records one resource's process. A process already declared with the same resource
+// costs one hash and no procfs read: a pid reused since by a process with exactly the same
+// resource is caught by the next sweep (its start time changed), within exit_check_interval.
 func (e *profilesExporter) declare(client *declarer.Client, attrs pcommon.Map, now time.Time) {
 	pid, ok := processPID(attrs)
 	if !ok {
 		e.noPID.Add(1)
 		e.warnOnce(reasonNoPID, "A profile's resource has no int process.pid; it cannot be declared to the gpumetrics sidecar",
 			zap.Any("resource", attrs.AsRaw()))
+		return
+	}
+	fp := declarer.Fingerprint(declarer.Process{PID: pid, Resource: attrs})
+	if e.tracker.seenUnchanged(pid, fp, now) {
+		e.unchanged.Add(1)
 		return
 	}
 	var start uint64
@@ -202,7 +210,7 @@ func (e *profilesExporter) declare(client *declarer.Client, attrs pcommon.Map, n
 	_, err := client.Declare(declarer.Process{PID: pid, StartTimeTicks: start, Resource: attrs, Environment: environment(attrs)})
 	switch {
 	case err == nil:
-		e.tracker.seen(pid, start, now)
+		e.tracker.declared(pid, start, fp, now)
 	case errors.Is(err, declarer.ErrFull):
 		e.warnOnce(reasonCapacity, "'max_processes' processes are declared; profiles of new processes are not declared until some exit",
 			zap.Int("max_processes", e.cfg.MaxProcesses))
@@ -278,7 +286,7 @@ func (e *profilesExporter) registerTelemetry(client *declarer.Client) error {
 	return b.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := client.Stats()
 		o.ObserveInt64(b.GpumetricsExporterProcessesDeclared, int64(s.Declared))                          //nolint:gosec // counts fit
-		o.ObserveInt64(b.GpumetricsExporterProcessesUnchanged, int64(s.Unchanged))                        //nolint:gosec
+		o.ObserveInt64(b.GpumetricsExporterProcessesUnchanged, int64(s.Unchanged)+e.unchanged.Load())     //nolint:gosec
 		o.ObserveInt64(b.GpumetricsExporterDeclarationsFailed, int64(s.Rejected), reason(reasonRejected)) //nolint:gosec
 		o.ObserveInt64(b.GpumetricsExporterDeclarationsFailed, int64(s.Full), reason(reasonCapacity))     //nolint:gosec
 		o.ObserveInt64(b.GpumetricsExporterDeclarationsFailed, e.noPID.Load(), reason(reasonNoPID))

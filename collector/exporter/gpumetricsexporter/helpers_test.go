@@ -37,7 +37,7 @@ type testEnv struct {
 	telemetry *componenttest.Telemetry
 }
 
-func newTestEnv(t *testing.T) *testEnv {
+func newTestEnv(t testing.TB) *testEnv {
 	t.Helper()
 	core, logs := observer.New(zapcore.DebugLevel)
 	tel := componenttest.NewTelemetry()
@@ -51,7 +51,7 @@ func newTestEnv(t *testing.T) *testEnv {
 
 // metric returns the value of the internal telemetry metric name with the given attributes (the
 // sum of all its points when attrs is empty); 0 when it was never recorded.
-func (e *testEnv) metric(t *testing.T, name string, attrs ...attribute.KeyValue) int64 {
+func (e *testEnv) metric(t testing.TB, name string, attrs ...attribute.KeyValue) int64 {
 	t.Helper()
 	m, err := e.telemetry.GetMetric(name)
 	if err != nil {
@@ -78,11 +78,11 @@ func (e *testEnv) metric(t *testing.T, name string, attrs ...attribute.KeyValue)
 
 // fakeProc is a fake procfs root: <root>/<pid>/stat with a chosen start time (field 22).
 type fakeProc struct {
-	t    *testing.T
+	t    testing.TB
 	root string
 }
 
-func newFakeProc(t *testing.T) *fakeProc {
+func newFakeProc(t testing.TB) *fakeProc {
 	t.Helper()
 	p := &fakeProc{t: t, root: t.TempDir()}
 	p.set(1, 1) // init: the exporter checks at start that proc_root shows pids
@@ -137,7 +137,7 @@ type rig struct {
 
 // newRig builds the rig; configure adjusts the configuration, serving says whether the
 // recording sidecar listens from the start.
-func newRig(t *testing.T, serving bool, configure func(*Config)) *rig {
+func newRig(t testing.TB, serving bool, configure func(*Config)) *rig {
 	t.Helper()
 	r := &rig{env: newTestEnv(t), srv: declaretest.New(), proc: newFakeProc(t), clock: &clock{now: time.Unix(1_800_000_000, 0)}}
 	r.lis = declaretest.NewListener(t, r.srv)

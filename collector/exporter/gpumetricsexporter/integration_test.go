@@ -37,7 +37,7 @@ const integrationTimeout = 90 * time.Second
 
 // sidecarCommand is the `gpumetrics` console script: $SIDECAR_COMMAND, else the repository's
 // .venv. These tests were asked for (-tags integration): without a sidecar they fail.
-func sidecarCommand(t *testing.T) string {
+func sidecarCommand(t testing.TB) string {
 	t.Helper()
 	if c := os.Getenv("SIDECAR_COMMAND"); c != "" {
 		return c
@@ -64,7 +64,7 @@ func child(t *testing.T, env ...string) *exec.Cmd {
 }
 
 // writeScenario writes a simulated node with one L4 running pids.
-func writeScenario(t *testing.T, pids ...int) string {
+func writeScenario(t testing.TB, pids ...int) string {
 	t.Helper()
 	var procs []string
 	for i, pid := range pids {
@@ -91,7 +91,7 @@ type sidecar struct {
 	log string
 }
 
-func startSidecar(t *testing.T, scenario, socket string) *sidecar {
+func startSidecar(t testing.TB, scenario, socket string) *sidecar {
 	t.Helper()
 	logPath := filepath.Join(t.TempDir(), "sidecar.log")
 	log, err := os.Create(logPath)
@@ -111,7 +111,7 @@ func startSidecar(t *testing.T, scenario, socket string) *sidecar {
 }
 
 // stop sends SIGTERM and waits (at most integrationTimeout); no-op when already stopped.
-func (s *sidecar) stop(t *testing.T) {
+func (s *sidecar) stop(t testing.TB) {
 	if s.cmd.ProcessState != nil {
 		return
 	}
@@ -281,4 +281,47 @@ func TestIntegrationRealSidecar(t *testing.T) {
 	p.waitResource(t, sc, pid, "no declared container.id after the exit", func(r map[string]any) bool { return r["container.id"] == nil })
 	assert.Equal(t, int64(1), env.metric(t, "otelcol_gpumetrics_exporter_processes_exited"))
 	assert.Zero(t, env.metric(t, "otelcol_gpumetrics_exporter_declarations_failed"), "the real sidecar accepted every declaration")
+}
+
+// BenchmarkIntegrationRealSidecar10k: 10,000 new processes in one report, until the real
+// sidecar accepted every declaration (its declared store validates and holds each one); the
+// figure is declarations per second through the Python servicer. Run with
+//
+//	go test -tags integration -run XXX -bench IntegrationRealSidecar -benchtime 3x ./exporter/gpumetricsexporter/
+func BenchmarkIntegrationRealSidecar10k(b *testing.B) {
+	for b.Loop() {
+		b.StopTimer()
+		r := newRig(b, false, func(c *Config) { c.MaxProcesses = 2 * benchProcesses })
+		for i := range benchProcesses {
+			r.proc.set(uint32(100_000+i), uint64(1000+i))
+		}
+		socket := filepath.Join(b.TempDir(), "gm.sock")
+		// The rig's recording listener is not started; point a fresh exporter at the sidecar.
+		cfg := *r.cfg
+		cfg.Endpoint = "unix://" + socket
+		exp, err := newProfilesExporter(r.env.set, &cfg)
+		require.NoError(b, err)
+		require.NoError(b, exp.start(context.Background(), componenttest.NewNopHost()))
+		sc := startSidecar(b, writeScenario(b, os.Getpid()), socket)
+		deadline := time.Now().Add(integrationTimeout)
+		for exp.currentClient().Stats().Resyncs == 0 {
+			require.True(b, time.Now().Before(deadline), "no resync: %s", sc.tail())
+			time.Sleep(10 * time.Millisecond)
+		}
+		pd := benchBatch(benchProcesses, 0)
+		b.StartTimer()
+		start := time.Now()
+		require.NoError(b, exp.consumeProfiles(context.Background(), pd))
+		for exp.currentClient().Stats().Declared < benchProcesses {
+			require.True(b, time.Now().Before(deadline.Add(integrationTimeout)), "declared %d: %s", exp.currentClient().Stats().Declared, sc.tail())
+			time.Sleep(time.Millisecond)
+		}
+		elapsed := time.Since(start)
+		b.StopTimer()
+		b.ReportMetric(float64(benchProcesses)/elapsed.Seconds(), "declarations/s")
+		require.Zero(b, exp.currentClient().Stats().Rejected)
+		require.NoError(b, exp.shutdown(context.Background()))
+		sc.stop(b)
+		b.StartTimer()
+	}
 }

@@ -9,6 +9,7 @@ import (
 type tracked struct {
 	pid   uint32
 	start uint64    // start time it was declared with (0: unknown)
+	fp    uint64    // declarer.Fingerprint of its resource alone, as declared
 	seen  time.Time // last profile
 }
 
@@ -21,11 +22,25 @@ type tracker struct {
 
 func newTracker() *tracker { return &tracker{procs: make(map[uint32]tracked)} }
 
-// seen records a profile of pid (declared with start) at now.
-func (t *tracker) seen(pid uint32, start uint64, now time.Time) {
+// declared records that pid was declared with start and a resource of fingerprint fp, at now.
+func (t *tracker) declared(pid uint32, start, fp uint64, now time.Time) {
 	t.mu.Lock()
-	t.procs[pid] = tracked{pid: pid, start: start, seen: now}
+	t.procs[pid] = tracked{pid: pid, start: start, fp: fp, seen: now}
 	t.mu.Unlock()
+}
+
+// seenUnchanged records a profile of pid at now if pid is tracked with a resource of
+// fingerprint fp, and reports whether it was.
+func (t *tracker) seenUnchanged(pid uint32, fp uint64, now time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p, ok := t.procs[pid]
+	if !ok || p.fp != fp {
+		return false
+	}
+	p.seen = now
+	t.procs[pid] = p
+	return true
 }
 
 // snapshot returns every tracked process (procfs is read outside the lock).

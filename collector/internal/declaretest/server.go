@@ -58,6 +58,9 @@ type Server struct {
 	// BeforeAnswer, when set, runs before each answer (a test blocks in it to stand for a
 	// sidecar that does not answer); ctx ends with the stream.
 	BeforeAnswer func(ctx context.Context)
+	// Discard keeps no event (benchmarks that measure the client's memory): Events and
+	// WaitFor then see none.
+	Discard bool
 
 	mu       sync.Mutex
 	events   []Event
@@ -81,10 +84,12 @@ func (s *Server) StreamDeclarations(stream grpc.BidiStreamingServer[gpumetricsv1
 		if err != nil {
 			return nil // the client ended the stream (or it broke): nothing to answer
 		}
-		s.mu.Lock()
-		s.events = append(s.events, Event{Stream: n, Request: req})
-		s.notifyLocked()
-		s.mu.Unlock()
+		if !s.Discard {
+			s.mu.Lock()
+			s.events = append(s.events, Event{Stream: n, Request: req})
+			s.notifyLocked()
+			s.mu.Unlock()
+		}
 		if s.BeforeAnswer != nil {
 			s.BeforeAnswer(stream.Context())
 		}

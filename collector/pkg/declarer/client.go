@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"math/rand/v2"
 	"regexp"
 	"sync"
@@ -126,7 +125,6 @@ type Stats struct {
 type Client struct {
 	rpc  gpumetricsv1.ProfilerIntegrationServiceClient
 	opts Options
-	seed maphash.Seed
 
 	mu        sync.Mutex
 	desired   map[uint32]*entry   // the latest declaration of every held process
@@ -171,7 +169,6 @@ func New(conn grpc.ClientConnInterface, opts Options) (*Client, error) {
 	return &Client{
 		rpc:     gpumetricsv1.NewProfilerIntegrationServiceClient(conn),
 		opts:    opts,
-		seed:    maphash.MakeSeed(),
 		desired: make(map[uint32]*entry),
 		dirty:   make(map[uint32]struct{}),
 		wake:    make(chan struct{}, 1),
@@ -201,7 +198,27 @@ func (c *Client) Start() error {
 // held. Errors: ErrInvalidPID, ErrFull (MaxProcesses other processes are held), ErrClosed, or a
 // resource that cannot be encoded.
 func (c *Client) Declare(p Process) (Result, error) {
-	e, err := newEntry(c.seed, p)
+	if p.PID == 0 {
+		return Changed, ErrInvalidPID
+	}
+	fp := Fingerprint(p)
+	c.mu.Lock()
+	old := c.desired[p.PID]
+	switch {
+	case c.closing:
+		c.mu.Unlock()
+		return Changed, ErrClosed
+	case old != nil && old.fp == fp:
+		c.mu.Unlock()
+		c.unchanged.Add(1)
+		return Unchanged, nil
+	case old == nil && len(c.desired) >= c.opts.MaxProcesses:
+		c.mu.Unlock()
+		c.full.Add(1)
+		return Changed, ErrFull
+	}
+	c.mu.Unlock()
+	e, err := newEntry(p, fp) // encoded outside the lock: only a change costs an encoding
 	if err != nil {
 		return Changed, err
 	}
@@ -210,13 +227,7 @@ func (c *Client) Declare(p Process) (Result, error) {
 		c.mu.Unlock()
 		return Changed, ErrClosed
 	}
-	old := c.desired[p.PID]
-	switch {
-	case old != nil && old.fp == e.fp:
-		c.mu.Unlock()
-		c.unchanged.Add(1)
-		return Unchanged, nil
-	case old == nil && len(c.desired) >= c.opts.MaxProcesses:
+	if _, held := c.desired[p.PID]; !held && len(c.desired) >= c.opts.MaxProcesses {
 		c.mu.Unlock()
 		c.full.Add(1)
 		return Changed, ErrFull
@@ -266,7 +277,7 @@ func (c *Client) Resync(all []Process) error {
 			refused++
 			continue
 		}
-		e, err := newEntry(c.seed, p)
+		e, err := newEntry(p, Fingerprint(p))
 		if err != nil {
 			return fmt.Errorf("declarer: pid %d: %w", p.PID, err)
 		}

@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -60,9 +59,8 @@ type entry struct {
 	fp   uint64
 }
 
-// newEntry encodes p as the declaration the sidecar receives and fingerprints it (over the start
-// time, the encoded resource, the environment sorted by name and the process context).
-func newEntry(seed maphash.Seed, p Process) (*entry, error) {
+// newEntry encodes p as the declaration the sidecar receives; fp is Fingerprint(p).
+func newEntry(p Process, fp uint64) (*entry, error) {
 	if p.PID == 0 {
 		return nil, ErrInvalidPID
 	}
@@ -75,29 +73,6 @@ func newEntry(seed maphash.Seed, p Process) (*entry, error) {
 		env[i] = &gpumetricsv1.EnvironmentVariable{Name: v.Name, Value: bytes.Clone(v.Value)}
 	}
 	slices.SortStableFunc(env, func(a, b *gpumetricsv1.EnvironmentVariable) int { return cmp.Compare(a.Name, b.Name) })
-
-	var h maphash.Hash
-	h.SetSeed(seed)
-	var n [8]byte
-	writeUint := func(v uint64) {
-		for i := range n {
-			n[i] = byte(v >> (8 * i))
-		}
-		_, _ = h.Write(n[:])
-	}
-	writeBytes := func(b []byte) {
-		writeUint(uint64(len(b)))
-		_, _ = h.Write(b)
-	}
-	writeUint(p.StartTimeTicks)
-	writeBytes(res)
-	writeUint(uint64(len(env)))
-	for _, v := range env {
-		writeBytes([]byte(v.Name))
-		writeBytes(v.Value)
-	}
-	writeBytes(p.ProcessContext)
-
 	return &entry{
 		decl: &gpumetricsv1.ProcessDeclaration{
 			Pid:              p.PID,
@@ -106,7 +81,7 @@ func newEntry(seed maphash.Seed, p Process) (*entry, error) {
 			Environment:      env,
 			ProfilerResource: res,
 		},
-		fp: h.Sum64(),
+		fp: fp,
 	}, nil
 }
 
@@ -193,16 +168,29 @@ func parseStartTime(path string, b []byte) (uint64, error) {
 		return 0, fmt.Errorf("%s: no ')' after the command name", path)
 	}
 	// Fields after ')' start at field 3 (state); starttime is field 22, the 20th of them.
-	fields := bytes.Fields(b[end+1:])
-	const index = 22 - 3
-	if len(fields) <= index {
-		return 0, fmt.Errorf("%s: %d fields after the command name, want at least %d", path, len(fields), index+1)
+	const want = 22 - 3
+	rest := b[end+1:]
+	n := 0
+	for {
+		rest = bytes.TrimLeft(rest, " \t\n")
+		if len(rest) == 0 {
+			return 0, fmt.Errorf("%s: %d fields after the command name, want at least %d", path, n, want+1)
+		}
+		field := rest
+		if i := bytes.IndexAny(rest, " \t\n"); i >= 0 {
+			field, rest = rest[:i], rest[i:]
+		} else {
+			rest = nil
+		}
+		if n == want {
+			v, err := strconv.ParseUint(string(field), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: field 22 (starttime) %q is not a number", path, field)
+			}
+			return v, nil
+		}
+		n++
 	}
-	v, err := strconv.ParseUint(string(fields[index]), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%s: field 22 (starttime) %q is not a number", path, fields[index])
-	}
-	return v, nil
 }
 
 // isESRCH reports a read of a process's file that raced with its exit.

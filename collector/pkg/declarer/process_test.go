@@ -2,7 +2,6 @@ package declarer
 
 import (
 	"errors"
-	"hash/maphash"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -94,15 +93,10 @@ func mustEncode(t *testing.T, m pcommon.Map) []byte {
 }
 
 func TestFingerprint(t *testing.T) {
-	seed := maphash.MakeSeed()
 	res := pcommon.NewMap()
 	res.PutInt("process.pid", 7)
 	base := Process{PID: 7, StartTimeTicks: 100, Resource: res, Environment: []EnvVar{{"OTEL_B", []byte("2")}, {"OTEL_A", []byte("1")}}}
-	fp := func(p Process) uint64 {
-		e, err := newEntry(seed, p)
-		require.NoError(t, err)
-		return e.fp
-	}
+	fp := Fingerprint
 	same := base
 	same.Environment = []EnvVar{{"OTEL_A", []byte("1")}, {"OTEL_B", []byte("2")}}
 	assert.Equal(t, fp(base), fp(same), "environment order does not count")
@@ -126,7 +120,30 @@ func TestFingerprint(t *testing.T) {
 	withCtx.ProcessContext = []byte{0x0a, 0x00}
 	assert.NotEqual(t, fp(base), fp(withCtx))
 
-	_, err := newEntry(seed, Process{})
+	reordered := pcommon.NewMap()
+	reordered.PutStr("container.id", "c65dedadcb5294cd8b41e7ae6da375613837b0ca7c004ca7be621733b8e1e30b")
+	reordered.PutInt("process.pid", 7)
+	sameRes := otherRes
+	sameRes.Resource = reordered
+	assert.Equal(t, fp(otherRes), fp(sameRes), "attribute order does not count")
+
+	typed := pcommon.NewMap()
+	typed.PutStr("process.pid", "7")
+	stringPID := base
+	stringPID.Resource = typed
+	assert.NotEqual(t, fp(base), fp(stringPID), "the value's type counts")
+
+	nested := func(vals ...int64) Process {
+		m := pcommon.NewMap()
+		s := m.PutEmptySlice("list")
+		for _, v := range vals {
+			s.AppendEmpty().SetInt(v)
+		}
+		return Process{PID: 7, Resource: m}
+	}
+	assert.NotEqual(t, fp(nested(1, 2)), fp(nested(2, 1)), "a slice's order counts")
+
+	_, err := newEntry(Process{}, 0)
 	require.ErrorIs(t, err, ErrInvalidPID)
 }
 
