@@ -21,9 +21,9 @@ from .harness import (
     Proc,
     clean_environ,
     free_port,
-    gpumetrics_command,
     log_records,
     procs,
+    sidecar_argv,
     wait_for,
 )
 from .otlp import process_resources, read_requests
@@ -86,18 +86,7 @@ def run(otelcol: Path, tmp_path: Path, profiled: GpuProcess, other: GpuProcess) 
     metrics_out, profiles_out = tmp_path / "metrics.jsonl", tmp_path / "profiles.jsonl"
     address = f"unix:{tmp_path / 'gm.sock'}"
     otlp = f"127.0.0.1:{free_port()}"
-    sidecar_argv = [
-        str(gpumetrics_command()),
-        "serve",
-        "--simulate",
-        str(scenario),
-        "--listen",
-        address,
-        "--batch-interval",
-        "1",
-        "--node-name",
-        checks.NODE_NAME,
-    ]
+    serve = sidecar_argv(scenario, address, checks.NODE_NAME)
     env = clean_environ(
         {
             "SIDECAR_ENDPOINT": f"unix://{tmp_path / 'gm.sock'}",
@@ -110,7 +99,7 @@ def run(otelcol: Path, tmp_path: Path, profiled: GpuProcess, other: GpuProcess) 
     assert sent["process.environment_variable.OTEL_SERVICE_NAME"] == ("string", "e2e-trainer")
 
     with procs() as started:
-        sidecar = Proc("sidecar", sidecar_argv, clean_environ(), tmp_path / "sidecar.log")
+        sidecar = Proc("sidecar", serve, clean_environ(), tmp_path / "sidecar.log")
         started.append(sidecar)
         collector = Proc(
             "otelcol",

@@ -7,8 +7,6 @@ import (
 	"regexp"
 	"time"
 
-	"go.opentelemetry.io/collector/config/configopaque"
-	"go.opentelemetry.io/collector/config/configtls"
 	"go.opentelemetry.io/collector/confmap"
 
 	"github.com/gpumetrics/gpumetrics/collector/internal/sidecarconn"
@@ -30,18 +28,10 @@ var declarerPattern = regexp.MustCompile(`^[A-Za-z0-9._:/-]+$`)
 
 // Config is the gpumetrics exporter's configuration.
 type Config struct {
-	// Endpoint is the sidecar's profiler listener (its main listener, or server.profiler_listen
-	// when set): "host:port", "unix:///absolute/path" or "unix:/absolute/path".
-	Endpoint string `mapstructure:"endpoint"`
-	// TLS holds the client TLS settings over TCP; TLS is used unless `insecure: true`, as in the
-	// Collector's OTLP exporter. A unix socket endpoint is always plaintext (the sidecar serves
-	// no TLS there) and TLS settings with it are a validation error.
-	TLS configtls.ClientConfig `mapstructure:"tls"`
-	// Token is a declare token sent as "authorization: Bearer <token>" on the declaration stream.
-	Token configopaque.String `mapstructure:"token"`
-	// TokenFile is a file holding the declare token (surrounding whitespace ignored), read at
-	// start and for every new stream, so a rotated token is picked up at the next reconnect.
-	TokenFile string `mapstructure:"token_file"`
+	// ClientSettings: `endpoint`, the sidecar's profiler listener (its main listener, or
+	// server.profiler_listen when set); `tls`; and the declare token sent on every declaration
+	// stream (`token` or `token_file`, read at start and for every new stream).
+	sidecarconn.ClientSettings `mapstructure:",squash"`
 	// Declarer is the gpumetrics-declarer name this exporter declares under; a resync replaces
 	// what this name declared. Empty means the component ID (e.g. "gpumetrics/profiles").
 	Declarer string `mapstructure:"declarer"`

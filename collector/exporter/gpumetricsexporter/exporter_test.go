@@ -36,7 +36,7 @@ func resourcePIDs(pd pprofile.Profiles) []uint32 {
 func allDeclared(pids []uint32) func([]declaretest.Event) bool {
 	return func(ev []declaretest.Event) bool {
 		for _, pid := range pids {
-			if lastDeclare(ev, pid) == nil {
+			if declaretest.LastDeclare(ev, pid) == nil {
 				return false
 			}
 		}
@@ -72,18 +72,18 @@ func TestRecordedProfilesAreDeclaredAsTheyArrive(t *testing.T) {
 	for i := range rps.Len() {
 		attrs := rps.At(i).Resource().Attributes()
 		pid, _ := processPID(attrs)
-		d := lastDeclare(events, pid)
+		d := declaretest.LastDeclare(events, pid)
 		assert.Equal(t, attrs.AsRaw(), declaredAttrs(t, d), "pid %d: profiler_resource is the resource as it arrived", pid)
 		assert.Equal(t, 100_000+uint64(pid), d.GetStartTimeTicks(), "pid %d", pid)
 		assert.Empty(t, d.GetProcessContext())
 	}
-	trainer := lastDeclare(events, recordedTrainer)
+	trainer := declaretest.LastDeclare(events, recordedTrainer)
 	assert.Equal(t, map[string]string{
 		"OTEL_SERVICE_NAME":        "gpu-trainer",
 		"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=recording,service.version=1.2.3",
 	}, envOf(trainer))
 	assert.Equal(t, "OTEL_RESOURCE_ATTRIBUTES", trainer.GetEnvironment()[0].GetName(), "sorted by name")
-	inference := lastDeclare(events, recordedInference)
+	inference := declaretest.LastDeclare(events, recordedInference)
 	assert.Equal(t, map[string]string{"OTEL_SERVICE_NAME": "inference-api"}, envOf(inference))
 	assert.Equal(t, recordedContainer, declaredAttrs(t, inference)["container.id"])
 
@@ -100,7 +100,7 @@ func TestFingerprintChangesAreSentAndNothingElse(t *testing.T) {
 	r.proc.set(100, 5000)
 	p := profilerProcess{pid: 100, exe: "/usr/bin/python3.11", env: map[string]string{"OTEL_SERVICE_NAME": "a"}}
 	r.consume(t, profiles(p))
-	r.srv.WaitFor(t, "declare(100)", func(ev []declaretest.Event) bool { return lastDeclare(ev, 100) != nil })
+	r.srv.WaitFor(t, "declare(100)", func(ev []declaretest.Event) bool { return declaretest.LastDeclare(ev, 100) != nil })
 
 	r.consume(t, profiles(p))
 	r.consume(t, profiles(p))
@@ -108,7 +108,7 @@ func TestFingerprintChangesAreSentAndNothingElse(t *testing.T) {
 	p.env = map[string]string{"OTEL_SERVICE_NAME": "b"}
 	r.consume(t, profiles(p))
 	events := r.srv.WaitFor(t, "the changed declare(100)", func(ev []declaretest.Event) bool { return countKind(ev, "declare", 100) == 2 })
-	assert.Equal(t, "b", envOf(lastDeclare(events, 100))["OTEL_SERVICE_NAME"])
+	assert.Equal(t, "b", envOf(declaretest.LastDeclare(events, 100))["OTEL_SERVICE_NAME"])
 
 	// The pid is reused by a new process with the very same resource: its profiles cost no
 	// procfs read, so the next sweep finds the new start time, releases the old process, and
@@ -119,7 +119,7 @@ func TestFingerprintChangesAreSentAndNothingElse(t *testing.T) {
 	r.sweep()
 	r.consume(t, profiles(p))
 	events = r.srv.WaitFor(t, "declare(100) with the new start time", func(ev []declaretest.Event) bool { return countKind(ev, "declare", 100) == 3 })
-	assert.Equal(t, uint64(7000), lastDeclare(events, 100).GetStartTimeTicks())
+	assert.Equal(t, uint64(7000), declaretest.LastDeclare(events, 100).GetStartTimeTicks())
 	// (The old process's exit and the new declaration may coalesce into the declaration alone,
 	// which replaces the old one in the sidecar: latest wins.)
 	assert.Equal(t, int64(1), r.env.metric(t, "otelcol_gpumetrics_exporter_processes_exited", attribute.String("reason", "restarted")))
@@ -179,7 +179,7 @@ func TestExitsAreDetectedAndSent(t *testing.T) {
 	// The restarted pid's new process is profiled: declared afresh with its own start time.
 	r.consume(t, profiles(profilerProcess{pid: 201, exe: "/bin/other"}))
 	events = r.srv.WaitFor(t, "declare(201) again", func(ev []declaretest.Event) bool { return countKind(ev, "declare", 201) == 2 })
-	assert.Equal(t, uint64(9999), lastDeclare(events, 201).GetStartTimeTicks())
+	assert.Equal(t, uint64(9999), declaretest.LastDeclare(events, 201).GetStartTimeTicks())
 }
 
 func TestReconnectResyncsEveryHeldProcess(t *testing.T) {
@@ -235,10 +235,10 @@ func TestFullQueue(t *testing.T) {
 	r.consume(t, profiles(profilerProcess{pid: 500, exe: "/bin/a"}, profilerProcess{pid: 501, exe: "/bin/b"}, profilerProcess{pid: 502, exe: "/bin/c"}))
 	r.consume(t, profiles(profilerProcess{pid: 501, exe: "/bin/b2"})) // held: still updated
 	events := r.srv.WaitFor(t, "500 and the updated 501 (latest wins)", func(ev []declaretest.Event) bool {
-		d := lastDeclare(ev, 501)
-		return lastDeclare(ev, 500) != nil && d != nil && declaredAttrs(t, d)["process.executable.path"] == "/bin/b2"
+		d := declaretest.LastDeclare(ev, 501)
+		return declaretest.LastDeclare(ev, 500) != nil && d != nil && declaredAttrs(t, d)["process.executable.path"] == "/bin/b2"
 	})
-	assert.Nil(t, lastDeclare(events, 502))
+	assert.Nil(t, declaretest.LastDeclare(events, 502))
 	capacity := attribute.String("reason", "capacity")
 	assert.Equal(t, int64(1), r.env.metric(t, "otelcol_gpumetrics_exporter_declarations_failed", capacity))
 	assert.Equal(t, 1, r.env.logs.FilterLevelExact(zapcore.WarnLevel).FilterMessageSnippet("'max_processes' processes are declared").Len())
@@ -265,8 +265,8 @@ func TestResourcesThatCannotBeDeclared(t *testing.T) {
 	r.consume(t, pd)
 
 	events := r.srv.WaitFor(t, "declare(602)", allDeclared([]uint32{602}))
-	assert.Equal(t, map[string]string{"OTEL_SERVICE_NAME": "svc"}, envOf(lastDeclare(events, 602)))
-	assert.Equal(t, "/usr/bin", declaredAttrs(t, lastDeclare(events, 602))["process.environment_variable.PATH"])
+	assert.Equal(t, map[string]string{"OTEL_SERVICE_NAME": "svc"}, envOf(declaretest.LastDeclare(events, 602)))
+	assert.Equal(t, "/usr/bin", declaredAttrs(t, declaretest.LastDeclare(events, 602))["process.environment_variable.PATH"])
 	assert.Equal(t, 1, countKind(events, "declare", 0))
 	reason := func(v string) attribute.KeyValue { return attribute.String("reason", v) }
 	assert.Equal(t, int64(3), r.env.metric(t, "otelcol_gpumetrics_exporter_declarations_failed", reason("no_pid")))

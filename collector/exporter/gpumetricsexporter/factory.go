@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/collector/exporter/xexporter"
 
 	"github.com/gpumetrics/gpumetrics/collector/exporter/gpumetricsexporter/internal/metadata"
+	"github.com/gpumetrics/gpumetrics/collector/internal/sidecarconn"
 )
 
 // errConfigType is returned when the factory is handed a configuration of another type.
@@ -39,7 +40,7 @@ func NewFactory() xexporter.Factory {
 // checks every 10 s, expiry after 30 min without a profile.
 func createDefaultConfig() component.Config {
 	return &Config{
-		TLS:               configtls.NewDefaultClientConfig(),
+		ClientSettings:    sidecarconn.ClientSettings{TLS: configtls.NewDefaultClientConfig()},
 		ProcRoot:          defaultProcRoot,
 		MaxProcesses:      defaultMaxProcesses,
 		ExitCheckInterval: defaultExitCheckInterval,

@@ -276,17 +276,6 @@ func putAny(m pcommon.Map, k string, v *commonpb.AnyValue) {
 	}
 }
 
-// lastDeclare returns the last declaration of pid among events (nil: none).
-func lastDeclare(events []declaretest.Event, pid uint32) *gpumetricsv1.ProcessDeclaration {
-	var d *gpumetricsv1.ProcessDeclaration
-	for _, e := range events {
-		if e.Kind() == "declare" && e.Request.GetDeclare().GetPid() == pid {
-			d = e.Request.GetDeclare()
-		}
-	}
-	return d
-}
-
 // countKind counts events of kind for pid (0: any pid).
 func countKind(events []declaretest.Event, kind string, pid uint32) int {
 	n := 0

@@ -146,6 +146,17 @@ func (s *Server) WaitFor(t testing.TB, what string, cond func([]Event) bool) []E
 	}
 }
 
+// LastDeclare returns the last declaration of pid among events (nil: none).
+func LastDeclare(events []Event, pid uint32) *gpumetricsv1.ProcessDeclaration {
+	var d *gpumetricsv1.ProcessDeclaration
+	for _, e := range events {
+		if e.Kind() == "declare" && e.Request.GetDeclare().GetPid() == pid {
+			d = e.Request.GetDeclare()
+		}
+	}
+	return d
+}
+
 // Describe renders events compactly for failure messages, e.g. "1:resync_begin 1:declare(42)".
 func Describe(events []Event) []string {
 	out := make([]string, len(events))

@@ -28,6 +28,25 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
+// ClientSettings are the settings of a component that dials the sidecar, squashed into its
+// Config (`mapstructure:",squash"`): the same four YAML keys in the receiver and the exporter.
+type ClientSettings struct {
+	// Endpoint is the sidecar's address: "host:port", "unix:///absolute/path" or
+	// "unix:/absolute/path".
+	Endpoint string `mapstructure:"endpoint"`
+	// TLS holds the client TLS settings over TCP. TLS is used unless `insecure: true`, as in
+	// the Collector's OTLP exporter. A unix socket endpoint is always dialled in plaintext (the
+	// sidecar never serves TLS there: docs/security.md), and TLS settings with it are a
+	// validation error.
+	TLS configtls.ClientConfig `mapstructure:"tls"`
+	// Token is a bearer token sent as "authorization: Bearer <token>" (a pull token for the
+	// receiver, a declare token for the exporter).
+	Token configopaque.String `mapstructure:"token"`
+	// TokenFile is a file holding the bearer token (surrounding whitespace is ignored), read
+	// again for every use (each scrape, each new stream), so a rotated token is picked up.
+	TokenFile string `mapstructure:"token_file"`
+}
+
 // unixScheme starts a unix socket endpoint ("unix:///abs/path" or "unix:/abs/path").
 const unixScheme = "unix:"
 

@@ -51,19 +51,27 @@ func (r *recorder) rejections() []string {
 	return append([]string(nil), r.rejected...)
 }
 
-// newClient dials endpoint and returns a started client, closed at the end of the test.
-func newClient(t *testing.T, endpoint string, opts Options) *Client {
+// startClient dials endpoint and returns a started client; the test closes it, the connection
+// is closed at the end of the test.
+func startClient(t *testing.T, endpoint string, opts Options) *Client {
 	t.Helper()
 	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, conn.Close()) })
 	c, err := New(conn, opts)
 	require.NoError(t, err)
 	require.NoError(t, c.Start())
+	return c
+}
+
+// newClient is startClient with the client closed at the end of the test.
+func newClient(t *testing.T, endpoint string, opts Options) *Client {
+	t.Helper()
+	c := startClient(t, endpoint, opts)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), declaretest.WaitTimeout)
 		defer cancel()
 		assert.NoError(t, c.Close(ctx))
-		assert.NoError(t, conn.Close())
 	})
 	return c
 }
@@ -127,7 +135,7 @@ func TestSendsOnlyChangesAfterTheFirstResync(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Changed, res)
 	ev := srv.WaitFor(t, "the changed declare(10)", func(ev []declaretest.Event) bool { return count(ev, "1:declare(10)") == 2 })
-	assert.Equal(t, "python3.12", resourceAttr(t, lastDeclare(ev, 10), "process.executable.name"))
+	assert.Equal(t, "python3.12", resourceAttr(t, declaretest.LastDeclare(ev, 10), "process.executable.name"))
 
 	assert.True(t, c.Exit(10, 500))
 	ev = srv.WaitFor(t, "exit(10)", func(ev []declaretest.Event) bool { return hasSuffix(ev, "1:exit(10)") })
@@ -146,17 +154,6 @@ func TestSendsOnlyChangesAfterTheFirstResync(t *testing.T) {
 	assert.Equal(t, uint64(1), st.Resyncs)
 	assert.Equal(t, 0, st.Processes)
 	assert.True(t, st.Connected)
-}
-
-// lastDeclare returns the last declaration of pid among events.
-func lastDeclare(events []declaretest.Event, pid uint32) *gpumetricsv1.ProcessDeclaration {
-	var d *gpumetricsv1.ProcessDeclaration
-	for _, e := range events {
-		if e.Kind() == "declare" && e.Request.GetDeclare().GetPid() == pid {
-			d = e.Request.GetDeclare()
-		}
-	}
-	return d
 }
 
 // waitStats polls Stats (the counters are updated by the client's goroutines) until cond holds.
@@ -200,7 +197,7 @@ func TestReconnectReplaysEverythingBetweenResyncMarkers(t *testing.T) {
 	}
 	c.Exit(22, 0)
 	srv.WaitFor(t, "20 and 21 declared on stream 1", func(ev []declaretest.Event) bool {
-		return lastDeclare(ev, 20) != nil && lastDeclare(ev, 21) != nil
+		return declaretest.LastDeclare(ev, 20) != nil && declaretest.LastDeclare(ev, 21) != nil
 	})
 	waitStats(t, c, "stream 1 answered", func(s Stats) bool { return s.Declared >= 2 && s.Resyncs == 1 })
 
@@ -315,7 +312,7 @@ func TestResyncReplacesTheHeldSet(t *testing.T) {
 	c := newClient(t, lis.Endpoint, Options{})
 	_, err := c.Declare(proc(50, 1, "a"))
 	require.NoError(t, err)
-	srv.WaitFor(t, "declare(50)", func(ev []declaretest.Event) bool { return lastDeclare(ev, 50) != nil })
+	srv.WaitFor(t, "declare(50)", func(ev []declaretest.Event) bool { return declaretest.LastDeclare(ev, 50) != nil })
 
 	require.NoError(t, c.Resync([]Process{proc(51, 1, "b"), proc(52, 1, "c")}))
 	ev := srv.WaitFor(t, "a second resync", func(ev []declaretest.Event) bool { return count(ev, "1:resync_end") == 2 })
@@ -339,12 +336,7 @@ func TestDeclareNeverWaitsForTheSidecar(t *testing.T) {
 	}
 	lis := declaretest.NewListener(t, srv)
 	lis.Start()
-	conn, err := grpc.NewClient(lis.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
-	c, err := New(conn, Options{MaxInFlight: 2})
-	require.NoError(t, err)
-	require.NoError(t, c.Start())
+	c := startClient(t, lis.Endpoint, Options{MaxInFlight: 2})
 	srv.WaitFor(t, "resync_begin (held unanswered)", func(ev []declaretest.Event) bool { return len(ev) == 1 })
 
 	done := make(chan struct{})
@@ -369,7 +361,7 @@ func TestDeclareNeverWaitsForTheSidecar(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	err = c.Close(ctx)
+	err := c.Close(ctx)
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
 	close(release)
@@ -379,12 +371,7 @@ func TestCloseFlushesPendingDeclarations(t *testing.T) {
 	srv := declaretest.New()
 	lis := declaretest.NewListener(t, srv)
 	lis.Start()
-	conn, err := grpc.NewClient(lis.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
-	c, err := New(conn, Options{})
-	require.NoError(t, err)
-	require.NoError(t, c.Start())
+	c := startClient(t, lis.Endpoint, Options{})
 	srv.WaitFor(t, "the first resync", func(ev []declaretest.Event) bool { return hasSuffix(ev, "1:resync_end") })
 	waitStats(t, c, "connected", func(s Stats) bool { return s.Connected })
 	for pid := uint32(60); pid < 70; pid++ {
@@ -401,13 +388,8 @@ func TestCloseFlushesPendingDeclarations(t *testing.T) {
 
 func TestCloseWhileTheSidecarIsDownReturnsAtOnce(t *testing.T) {
 	lis := declaretest.NewListener(t, declaretest.New()) // never serving
-	conn, err := grpc.NewClient(lis.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
-	c, err := New(conn, Options{})
-	require.NoError(t, err)
-	require.NoError(t, c.Start())
-	_, err = c.Declare(proc(1, 1, "w"))
+	c := startClient(t, lis.Endpoint, Options{})
+	_, err := c.Declare(proc(1, 1, "w"))
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), declaretest.WaitTimeout)
 	defer cancel()

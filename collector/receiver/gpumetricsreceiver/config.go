@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"go.opentelemetry.io/collector/config/configopaque"
 	"go.opentelemetry.io/collector/config/configtls"
 	"go.opentelemetry.io/collector/confmap"
 	"go.opentelemetry.io/collector/scraper/scraperhelper"
@@ -49,20 +48,10 @@ type Config struct {
 	// StartTimeout bounds the wait for the sidecar's go-plugin handshake in subprocess mode.
 	StartTimeout time.Duration `mapstructure:"start_timeout"`
 
-	// Endpoint is the address of a running sidecar for remote mode: "host:port",
-	// "unix:///absolute/path" or "unix:/absolute/path".
-	Endpoint string `mapstructure:"endpoint"`
-	// TLS holds the client TLS settings for remote mode over TCP. TLS is used unless
-	// `insecure: true`, as in the Collector's OTLP exporter. A unix socket endpoint is always
-	// dialled in plaintext (the sidecar never serves TLS there: docs/security.md), and TLS
-	// settings with it are a validation error.
-	TLS configtls.ClientConfig `mapstructure:"tls"`
-
-	// Token is a bearer token sent as "authorization: Bearer <token>" on every Pull.
-	Token configopaque.String `mapstructure:"token"`
-	// TokenFile is a file holding the bearer token (surrounding whitespace is ignored). It is
-	// read before every scrape, so a rotated token is picked up.
-	TokenFile string `mapstructure:"token_file"`
+	// ClientSettings: `endpoint` (remote mode: the address of a running sidecar), `tls` (remote
+	// mode over TCP), and the pull token sent on every Pull (`token` or `token_file`, read
+	// before every scrape).
+	sidecarconn.ClientSettings `mapstructure:",squash"`
 
 	// Consumer is the consumer name the sidecar keeps this receiver's cursor under. Empty means
 	// the receiver's component ID (e.g. "gpumetrics/remote"). Two receivers pulling from one
