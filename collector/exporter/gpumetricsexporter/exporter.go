@@ -24,6 +24,11 @@ import (
 	"github.com/gpumetrics/gpumetrics/collector/pkg/declarer"
 )
 
+// shutdownFlushTimeout bounds how long Shutdown sends what is pending: the Collector's shutdown
+// context often has no deadline, and a sidecar that takes the stream but does not answer must
+// not hold the Collector's shutdown.
+const shutdownFlushTimeout = 5 * time.Second
+
 // Reasons, the `reason` attribute of the failed and exited counters.
 const (
 	reasonRejected  = "rejected"
@@ -44,6 +49,8 @@ type profilesExporter struct {
 	tb       *metadata.TelemetryBuilder
 	now      func() time.Time
 	tracker  *tracker
+	// flushTimeout bounds the flush at shutdown (shutdownFlushTimeout; tests shorten it).
+	flushTimeout time.Duration
 
 	// set by start, read by consumeProfiles and shutdown
 	mu     sync.Mutex
@@ -69,12 +76,13 @@ func newProfilesExporter(set exporter.Settings, cfg *Config) (*profilesExporter,
 		name = set.ID.String()
 	}
 	return &profilesExporter{
-		cfg:      cfg,
-		logger:   set.Logger,
-		declarer: name,
-		tb:       tb,
-		now:      time.Now,
-		tracker:  newTracker(),
+		cfg:          cfg,
+		logger:       set.Logger,
+		declarer:     name,
+		tb:           tb,
+		now:          time.Now,
+		tracker:      newTracker(),
+		flushTimeout: shutdownFlushTimeout,
 	}, nil
 }
 
@@ -129,7 +137,8 @@ func (e *profilesExporter) start(ctx context.Context, _ component.Host) error {
 	return nil
 }
 
-// shutdown stops the sweeper, sends what is pending (until ctx ends) and closes the connection.
+// shutdown stops the sweeper, sends what is pending (until ctx ends, at most
+// shutdownFlushTimeout) and closes the connection.
 // It is safe without start. Declarations are not withdrawn: after a restart, this declarer's
 // first resynchronisation replaces them.
 func (e *profilesExporter) shutdown(ctx context.Context) error {
@@ -143,6 +152,8 @@ func (e *profilesExporter) shutdown(ctx context.Context) error {
 	}
 	close(stop)
 	<-swept
+	ctx, cancel := context.WithTimeout(ctx, e.flushTimeout)
+	defer cancel()
 	if err := client.Close(ctx); err != nil {
 		e.logger.Info("Shut down before every declaration reached the gpumetrics sidecar", zap.Error(err))
 	}

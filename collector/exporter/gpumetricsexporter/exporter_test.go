@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/component/componenttest"
 	"go.opentelemetry.io/collector/pdata/pprofile"
 	"go.opentelemetry.io/otel/attribute"
 	"go.uber.org/zap/zapcore"
@@ -341,4 +342,39 @@ func TestConsumeBeforeStartAndAfterShutdownDropsNothingHeld(t *testing.T) {
 	require.NoError(t, exp.consumeProfiles(context.Background(), profiles(profilerProcess{pid: 1, exe: "/sbin/init"})))
 	assert.Equal(t, 0, exp.tracker.len())
 	require.NoError(t, exp.shutdown(context.Background()))
+}
+
+// TestShutdownDoesNotWaitForAHungSidecar: the sidecar takes the stream and answers nothing;
+// Shutdown with a context without deadline (as the Collector's) still returns once the flush
+// timeout (5 s; shortened here) ends, and logs that declarations were not all sent.
+func TestShutdownDoesNotWaitForAHungSidecar(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	env := newTestEnv(t)
+	srv := declaretest.New()
+	srv.BeforeAnswer = func(ctx context.Context) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	}
+	lis := declaretest.NewListener(t, srv)
+	lis.Start()
+	cfg := createDefaultConfig().(*Config)
+	cfg.Endpoint = lis.Endpoint
+	exp, err := newProfilesExporter(env.set, cfg)
+	require.NoError(t, err)
+	require.Equal(t, 5*time.Second, exp.flushTimeout)
+	exp.flushTimeout = 50 * time.Millisecond
+	require.NoError(t, exp.start(context.Background(), componenttest.NewNopHost()))
+	srv.WaitFor(t, "the stream (its first event unanswered)", func(ev []declaretest.Event) bool { return len(ev) >= 1 })
+	done := make(chan error, 1)
+	go func() { done <- exp.shutdown(context.Background()) }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(declaretest.WaitTimeout):
+		t.Fatal("Shutdown waited for the sidecar")
+	}
+	assert.Equal(t, 1, env.logs.FilterMessageSnippet("Shut down before every declaration reached the gpumetrics sidecar").Len())
 }
