@@ -198,12 +198,7 @@ func TestReconnectResyncsEveryHeldProcess(t *testing.T) {
 		last := ev[len(ev)-1]
 		return last.Stream == 2 && last.Kind() == "resync_end"
 	})
-	var second []string
-	for _, e := range events {
-		if e.Stream == 2 {
-			second = append(second, declaretest.Describe([]declaretest.Event{e})[0])
-		}
-	}
+	second := declaretest.OnStream(events, 2)
 	require.Len(t, second, 4)
 	assert.Equal(t, "2:resync_begin", second[0])
 	assert.ElementsMatch(t, []string{"2:declare(300)", "2:declare(301)"}, second[1:3])
@@ -298,15 +293,8 @@ func TestRejectionsAreCountedAndLoggedOnce(t *testing.T) {
 // TestConsumeNeverWaitsOnTheSidecar: the sidecar takes the first event and never answers; every
 // ConsumeProfiles still returns (the test would time out otherwise) and the processes are held.
 func TestConsumeNeverWaitsOnTheSidecar(t *testing.T) {
-	release := make(chan struct{})
-	defer close(release)
 	r := newRig(t, false, nil)
-	r.srv.BeforeAnswer = func(ctx context.Context) {
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-	}
+	defer r.srv.HoldAnswers()()
 	r.lis.Start()
 	r.srv.WaitFor(t, "the first event (unanswered)", func(ev []declaretest.Event) bool { return len(ev) >= 1 })
 	done := make(chan struct{})
@@ -348,16 +336,9 @@ func TestConsumeBeforeStartAndAfterShutdownDropsNothingHeld(t *testing.T) {
 // Shutdown with a context without deadline (as the Collector's) still returns once the flush
 // timeout (5 s; shortened here) ends, and logs that declarations were not all sent.
 func TestShutdownDoesNotWaitForAHungSidecar(t *testing.T) {
-	release := make(chan struct{})
-	defer close(release)
 	env := newTestEnv(t)
 	srv := declaretest.New()
-	srv.BeforeAnswer = func(ctx context.Context) {
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-	}
+	defer srv.HoldAnswers()()
 	lis := declaretest.NewListener(t, srv)
 	lis.Start()
 	cfg := createDefaultConfig().(*Config)

@@ -68,6 +68,20 @@ type Server struct {
 	changed  chan struct{} // closed and replaced on every new event or stream
 }
 
+// HoldAnswers makes the server take events without answering them (a hung sidecar) until the
+// returned release is called or the stream ends. Call it before the server serves.
+func (s *Server) HoldAnswers() (release func()) {
+	held := make(chan struct{})
+	s.BeforeAnswer = func(ctx context.Context) {
+		select {
+		case <-held:
+		case <-ctx.Done():
+		}
+	}
+	var once sync.Once
+	return func() { once.Do(func() { close(held) }) }
+}
+
 // New returns an empty recording server.
 func New() *Server { return &Server{changed: make(chan struct{})} }
 
@@ -155,6 +169,17 @@ func LastDeclare(events []Event, pid uint32) *gpumetricsv1.ProcessDeclaration {
 		}
 	}
 	return d
+}
+
+// OnStream returns the events of stream n, described (see Describe).
+func OnStream(events []Event, n int) []string {
+	var out []string
+	for _, e := range events {
+		if e.Stream == n {
+			out = append(out, describe(e))
+		}
+	}
+	return out
 }
 
 // Describe renders events compactly for failure messages, e.g. "1:resync_begin 1:declare(42)".

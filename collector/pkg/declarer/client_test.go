@@ -206,12 +206,7 @@ func TestReconnectReplaysEverythingBetweenResyncMarkers(t *testing.T) {
 	require.NoError(t, os.WriteFile(tokenFile, []byte("rotated-token-0123456789"), 0o600))
 	lis.Start()
 	ev := srv.WaitFor(t, "a resync on stream 2", func(ev []declaretest.Event) bool { return hasSuffix(ev, "2:resync_end") })
-	var second []string
-	for _, e := range ev {
-		if e.Stream == 2 {
-			second = append(second, declaretest.Describe([]declaretest.Event{e})[0])
-		}
-	}
+	second := declaretest.OnStream(ev, 2)
 	require.Len(t, second, 4)
 	assert.Equal(t, "2:resync_begin", second[0])
 	assert.ElementsMatch(t, []string{"2:declare(20)", "2:declare(21)"}, second[1:3])
@@ -327,13 +322,7 @@ func TestResyncReplacesTheHeldSet(t *testing.T) {
 // events, and Close gives up when its context ends.
 func TestDeclareNeverWaitsForTheSidecar(t *testing.T) {
 	srv := declaretest.New()
-	release := make(chan struct{})
-	srv.BeforeAnswer = func(ctx context.Context) {
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-	}
+	release := srv.HoldAnswers()
 	lis := declaretest.NewListener(t, srv)
 	lis.Start()
 	c := startClient(t, lis.Endpoint, Options{MaxInFlight: 2})
@@ -364,7 +353,7 @@ func TestDeclareNeverWaitsForTheSidecar(t *testing.T) {
 	err := c.Close(ctx)
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
-	close(release)
+	release()
 }
 
 func TestCloseFlushesPendingDeclarations(t *testing.T) {
