@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # Tests the collector/ Go module: generated code is fresh, gofmt is clean, the Dockerfile passes
-# hadolint, go vet, go test.
+# hadolint, go vet, go test, then the integration tests (-tags integration: the gpumetrics exporter
+# against the real Python sidecar) and the examples/declarer module (a build, vet and gofmt).
 # The project's test command (scripts/test.sh at the repository root) calls this.
 #
 # Environment:
-#   PYTHON     Python with grpcio-tools, for the freshness check (see scripts/gen-proto.sh)
-#   HADOLINT   the hadolint binary (default: hadolint on PATH, else the repository's .venv)
-#   GPUMETRICS_SIDECAR  the gpumetrics console script the receiver's tests start through the real
-#              go-plugin host (default: next to PYTHON when that has one; without it those tests
-#              look in the repository's .venv and are skipped when it has none)
+#   PYTHON           Python with grpcio-tools, for the freshness check (see scripts/gen-proto.sh)
+#   HADOLINT         the hadolint binary (default: hadolint on PATH, else the repository's .venv)
+#   SIDECAR_COMMAND  the sidecar's `gpumetrics` console script that the receiver's tests (through
+#                    the real go-plugin host) and the exporter's integration tests start
+#                    (default: next to $PYTHON, else the repository's .venv); a missing one fails
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ -z "${GPUMETRICS_SIDECAR:-}" ] && [ -n "${PYTHON:-}" ] && [ -x "$(dirname "$PYTHON")/gpumetrics" ]; then
-  GPUMETRICS_SIDECAR=$(cd "$(dirname "$PYTHON")" && pwd)/gpumetrics
-  export GPUMETRICS_SIDECAR
+sidecar=${SIDECAR_COMMAND:-}
+if [ -z "$sidecar" ] && [ -n "${PYTHON:-}" ]; then sidecar="$(cd "$(dirname "$PYTHON")" && pwd)/gpumetrics"; fi
+if [ -z "$sidecar" ]; then sidecar="$(cd .. && pwd)/.venv/bin/gpumetrics"; fi
+if [ ! -x "$sidecar" ]; then
+  echo "the gpumetrics sidecar $sidecar is missing: install the project (pip install -e .) or set SIDECAR_COMMAND" >&2
+  exit 1
 fi
+export SIDECAR_COMMAND="$sidecar"
 
 echo "== collector: generated Go code is fresh"
 tmp=$(mktemp -d)
@@ -28,7 +33,7 @@ if ! diff -r "$tmp/before" internal/gpumetricsv1 >/dev/null; then
 fi
 
 echo "== collector: gofmt"
-unformatted=$(find . -name '*.go' ! -path './_build/*' -print0 | xargs -0 gofmt -l)
+unformatted=$(find . ../examples/declarer -name '*.go' ! -path './_build/*' -print0 | xargs -0 gofmt -l)
 if [ -n "$unformatted" ]; then
   echo "gofmt would change: $unformatted" >&2
   exit 1
@@ -45,8 +50,14 @@ if [ ! -x "$(command -v "$hadolint" || true)" ]; then
 fi
 "$hadolint" Dockerfile
 
-echo "== collector: go vet"
-go vet ./...
+echo "== collector: go vet (with the integration-tagged tests)"
+go vet -tags integration ./...
 
 echo "== collector: go test"
 go test ./...
+
+echo "== collector: go test -tags integration (the exporter against the real sidecar)"
+go test -tags integration -run Integration ./exporter/...
+
+echo "== examples/declarer: build and vet (its own module, importing collector/pkg/declarer)"
+(cd ../examples/declarer && go vet ./... && go build -o /dev/null .)

@@ -5,7 +5,10 @@ name only defined components, every `${env:NAME}` without a default known to thi
 deprecated prometheus exporter setting, and what the end-to-end tests rely on in the e2e-*.yaml
 files. With the built distribution
 ($OTELCOL_GPUMETRICS, set by scripts/test.sh after building it): `otelcol-gpumetrics validate`
-on each file, which runs the receiver's own Config.Validate.
+on each file (with the profiles feature gate where a profiles pipeline needs it), which runs the
+receiver's and the exporter's own Config.Validate. The eBPF profiler's own Collector
+configuration (collector-config/profiler/, for the upstream otelcol-ebpf-profiler distribution)
+gets the same structural checks, without a gpumetrics component.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from gpumetrics.config.load import load_config
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO / "collector-config"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
+PROFILER_CONFIGS = sorted((CONFIG_DIR / "profiler").glob("*.yaml"))
+PROFILES_GATE = "--feature-gates=+service.profilesSupport"
 SAMPLE_SIDECAR_CONFIG = REPO / "examples" / "gpumetrics.yaml"
 OTELCOL_ENV = "OTELCOL_GPUMETRICS"
 
@@ -39,6 +44,8 @@ def placeholders(tmp: Path) -> dict[str, str]:
         "SIDECAR_PROFILER_SOCKET": str(tmp / "profiler.sock"),
         "SIDECAR_ENDPOINT": f"unix://{tmp / 'gm.sock'}",
         "E2E_OUTPUT": str(tmp / "metrics.jsonl"),
+        "E2E_PROFILES_OUTPUT": str(tmp / "profiles.jsonl"),
+        "OTLP_HTTP_ENDPOINT": "127.0.0.1:4318",
     }
 
 
@@ -69,25 +76,53 @@ def load(path: Path) -> dict[str, Any]:
 
 def test_collector_configs_exist() -> None:
     names = {p.name for p in CONFIGS}
-    assert {"subprocess.yaml", "remote.yaml", "e2e-subprocess.yaml", "e2e-remote.yaml"} <= names
+    assert {
+        "subprocess.yaml",
+        "remote.yaml",
+        "profiles.yaml",
+        "e2e-subprocess.yaml",
+        "e2e-remote.yaml",
+        "e2e-profiles.yaml",
+    } <= names
+    assert [p.name for p in PROFILER_CONFIGS] == ["ebpf-profiler.yaml"]
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_structure(path: Path) -> None:
     config = load(path)
-    unknown = set(config) - {*SECTIONS, "service"}
-    assert not unknown, f"{path.name}: unknown top-level keys {unknown}"
-
     receiver = config["receivers"]["gpumetrics"]
     modes = [key for key in ("command", "endpoint") if receiver.get(key)]
     assert len(modes) == 1, f"{path.name}: receivers.gpumetrics needs command or endpoint: {modes}"
     if "command" in receiver:
         assert receiver["args"][0] == "serve", f"{path.name}: args must start with serve"
         assert "--plugin" in receiver["args"], f"{path.name}: args should require go-plugin mode"
+    assert_pipelines_consistent(path, config)
+    if "profiles" in config["service"]["pipelines"]:
+        profiles = config["service"]["pipelines"]["profiles"]
+        assert "gpumetrics" in profiles["exporters"], f"{path.name}: profiles not declared"
+        assert "endpoint" in config["exporters"]["gpumetrics"]
 
+
+@pytest.mark.parametrize("path", PROFILER_CONFIGS, ids=lambda p: p.name)
+def test_profiler_collector_structure(path: Path) -> None:
+    """The profiler's Collector: the `profiling` receiver with the OTEL_* variables the sidecar
+    takes, sending its profiles over OTLP to ours."""
+    config = load(path)
+    assert_pipelines_consistent(path, config)
+    assert list(config["service"]["pipelines"]) == ["profiles"]
+    env_vars = config["receivers"]["profiling"]["include_env_vars"].split(",")
+    assert {"OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"} <= set(env_vars)
+    assert config["service"]["pipelines"]["profiles"]["exporters"] == ["otlp_grpc"]
+
+
+def assert_pipelines_consistent(path: Path, config: dict[str, Any]) -> None:
+    """Known top-level keys; pipelines of known signals that name only defined components; no
+    component defined and unused."""
+    unknown = set(config) - {*SECTIONS, "service"}
+    assert not unknown, f"{path.name}: unknown top-level keys {unknown}"
     service = config["service"]
     for name, pipeline in service["pipelines"].items():
-        assert name.split("/")[0] in ("metrics",), f"{path.name}: pipeline {name}"
+        assert name.split("/")[0] in ("metrics", "profiles"), f"{path.name}: pipeline {name}"
         for section in ("receivers", "processors", "exporters"):
             for component in pipeline.get(section, []):
                 assert component in config.get(section, {}), (
@@ -106,7 +141,7 @@ def test_structure(path: Path) -> None:
             assert component in used, f"{path.name}: {section}.{component} is defined, not used"
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CONFIGS + PROFILER_CONFIGS, ids=lambda p: p.name)
 def test_required_variables_are_known(path: Path, tmp_path: Path) -> None:
     known = placeholders(tmp_path)
     required = {m.group(1) for m in ENV_REF.finditer(path.read_text()) if m.group(2) is None}
@@ -154,8 +189,9 @@ def test_otelcol_validate(path: Path, tmp_path: Path) -> None:
         pytest.skip(f"${OTELCOL_ENV} is not set (scripts/test.sh sets it after building)")
     env = {k: v for k, v in os.environ.items() if k not in placeholders(tmp_path)}
     env.update(placeholders(tmp_path))
+    gates = [PROFILES_GATE] if "profiles" in load(path)["service"]["pipelines"] else []
     done = subprocess.run(
-        [binary, "validate", f"--config={path}"],
+        [binary, "validate", f"--config={path}", *gates],
         capture_output=True,
         text=True,
         timeout=60,

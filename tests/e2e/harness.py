@@ -87,6 +87,27 @@ def gpumetrics_command() -> Path:
     return script
 
 
+def sidecar_argv(
+    scenario: Path, address: str, node_name: str, include_env_vars: Sequence[str] = ()
+) -> list[str]:
+    """`gpumetrics serve` on the simulated ``scenario``, listening (pull and profiler service) on
+    ``address``, one batch a second, the host resource named ``node_name``, capturing the
+    environment variables ``include_env_vars`` as the profiler's ``-env-vars`` would."""
+    return [
+        str(gpumetrics_command()),
+        "serve",
+        "--simulate",
+        str(scenario),
+        "--listen",
+        address,
+        "--batch-interval",
+        "1",
+        "--node-name",
+        node_name,
+        *(["--include-env-vars", ",".join(include_env_vars)] if include_env_vars else []),
+    ]
+
+
 def otelcol_binary() -> Path:
     """The otelcol-gpumetrics binary: $OTELCOL_GPUMETRICS, else built (or taken from the cache)
     by collector/scripts/build-otelcol.sh. Skips when neither is possible (no Go toolchain);

@@ -1,8 +1,10 @@
 """Static checks of docker-compose.yaml that need no process: both sidecars' settings (image ENV
 plus compose environment) validate as sidecar configuration, the `gpu` profile has what
 docs/deployment.md asks for a real GPU host (and not the demo's node name), the sidecars'
-healthchecks probe often while starting, and the Collector runs collector-config/remote.yaml
-against the socket the sidecar listens on. The runtime check is test_compose.py."""
+healthchecks probe often while starting, the Collector runs collector-config/profiles.yaml
+against the sockets the sidecar listens on (pull and profiler service) with the profiles feature
+gate and the host's /proc, and the `profiler` profile adds the eBPF profiler sending to it. The
+runtime check is test_compose.py."""
 
 from __future__ import annotations
 
@@ -110,15 +112,43 @@ def test_sidecar_healthcheck_probes_often_while_starting(
     assert duration_s(health["start_period"]) >= 10 * start_interval
 
 
-def test_collector_runs_remote_config_against_the_sidecar_socket(tmp_path: Path) -> None:
+def test_collector_runs_profiles_config_against_the_sidecar_sockets(tmp_path: Path) -> None:
     config, mapping, runs = mapped_runs(tmp_path)
     collector = runs["otelcol"]
     config_arg = next(a for a in collector.argv if a.startswith("--config="))
     assert Path(mapping.rewrite(config_arg.removeprefix("--config="))) == (
-        REPO / "collector-config" / "remote.yaml"
+        REPO / "collector-config" / "profiles.yaml"
     )
+    assert "--feature-gates=+service.profilesSupport" in collector.argv
     sidecar_listen = runs["gpumetrics"].env["GPUMETRICS_LISTEN"]
     assert collector.env["SIDECAR_ENDPOINT"] == sidecar_listen
+    profiler_listen = runs["gpumetrics"].env["GPUMETRICS_PROFILER_LISTEN"]
+    assert collector.env["SIDECAR_PROFILER_ENDPOINT"] == profiler_listen
+    proc = next(v for v in config["services"]["otelcol"]["volumes"] if v["source"] == "/proc")
+    assert (proc["target"], proc.get("read_only")) == (collector.env["HOST_PROC"], True)
     sidecar_volumes = {v["source"] for v in config["services"]["gpumetrics"]["volumes"]}
     collector_volumes = {v["source"] for v in config["services"]["otelcol"]["volumes"]}
     assert sidecar_volumes & collector_volumes, "the socket's volume must be shared"
+
+
+def test_profiler_profile_sends_profiles_to_the_collector(tmp_path: Path) -> None:
+    """`--profile profiler` adds the upstream eBPF profiler distribution, pinned to the
+    Collector release of otelcol-gpumetrics, privileged in the host PID namespace, sending OTLP
+    to the Collector's OTLP receiver; without the profile it does not run."""
+    assert "ebpf-profiler" not in compose_config(compose_cli())["services"]
+    config = compose_config(compose_cli(), "gpu", "profiler")
+    profiler = config["services"]["ebpf-profiler"]
+    assert profiler["image"].endswith("/opentelemetry-collector-ebpf-profiler:0.161.0")
+    builder = (REPO / "collector" / "builder-config.yaml").read_text()
+    assert "otlpreceiver v0.161.0" in builder, "pin the profiler image to the Collector release"
+    assert profiler["privileged"] is True
+    assert profiler["pid"] == "host"
+    assert "--feature-gates=+service.profilesSupport" in profiler["command"]
+    mounts = {v["target"]: v["source"] for v in profiler["volumes"]}
+    assert Path(mounts["/etc/otelcol-ebpf-profiler/config.yaml"]) == (
+        REPO / "collector-config" / "profiler" / "ebpf-profiler.yaml"
+    )
+    host, port = profiler["environment"]["PROFILES_ENDPOINT"].rsplit(":", 1)
+    otlp = config["services"]["otelcol"]["environment"]["OTLP_GRPC_ENDPOINT"]
+    assert host == "otelcol"
+    assert otlp == f"0.0.0.0:{port}"

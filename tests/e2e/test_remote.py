@@ -18,9 +18,9 @@ from .harness import (
     Proc,
     clean_environ,
     declare,
-    gpumetrics_command,
     log_records,
     procs,
+    sidecar_argv,
     wait_for,
 )
 from .otlp import flatten, read_requests
@@ -38,27 +38,14 @@ def test_remote_mode_with_sidecar_restart(otelcol: Path, tmp_path: Path, gpu_pro
     scenario = write_scenario(tmp_path / "scenario.yaml", declared.pid, other.pid)
     output = tmp_path / "metrics.jsonl"
     address = f"unix:{tmp_path / 'gm.sock'}"
-    sidecar_argv = [
-        str(gpumetrics_command()),
-        "serve",
-        "--simulate",
-        str(scenario),
-        "--listen",
-        address,
-        "--batch-interval",
-        "1",
-        "--node-name",
-        checks.NODE_NAME,
-        "--include-env-vars",
-        ",".join(checks.INCLUDE_ENV_VARS),
-    ]
+    serve = sidecar_argv(scenario, address, checks.NODE_NAME, checks.INCLUDE_ENV_VARS)
     env = clean_environ({"SIDECAR_ENDPOINT": address, "E2E_OUTPUT": str(output)})
 
     def declared_exports_since(first_request: int) -> int:
         return checks.count_declared_requests(read_requests(output)[first_request:], declared.pid)
 
     with procs() as started:
-        sidecar = Proc("sidecar-1", sidecar_argv, clean_environ(), tmp_path / "sidecar-1.log")
+        sidecar = Proc("sidecar-1", serve, clean_environ(), tmp_path / "sidecar-1.log")
         started.append(sidecar)
         first_down_ns = time.time_ns()  # no sidecar serves yet
         collector = Proc(
@@ -89,7 +76,7 @@ def test_remote_mode_with_sidecar_restart(otelcol: Path, tmp_path: Path, gpu_pro
         assert sidecar.stop(timeout_s=20) == 0, sidecar.log_tail()
         restarted_ns = time.time_ns()
         before = len(read_requests(output))
-        sidecar = Proc("sidecar-2", sidecar_argv, clean_environ(), tmp_path / "sidecar-2.log")
+        sidecar = Proc("sidecar-2", serve, clean_environ(), tmp_path / "sidecar-2.log")
         started.append(sidecar)
         assert "accepted 1" in declare(
             address,

@@ -3,19 +3,16 @@ package gpumetricsreceiver
 import (
 	"errors"
 	"fmt"
-	"net"
-	"path/filepath"
 	"reflect"
 	"regexp"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
-	"go.opentelemetry.io/collector/config/configopaque"
 	"go.opentelemetry.io/collector/config/configtls"
 	"go.opentelemetry.io/collector/confmap"
 	"go.opentelemetry.io/collector/scraper/scraperhelper"
+
+	"github.com/gpumetrics/gpumetrics/collector/internal/sidecarconn"
 )
 
 const (
@@ -27,7 +24,6 @@ const (
 
 	maxMaxPullsPerScrape = 1000
 	maxConsumerLen       = 128
-	unixScheme           = "unix:"
 )
 
 // consumerPattern is the sidecar's rule for PullRequest.consumer (proto/gpumetrics/v1/pull.proto).
@@ -52,20 +48,10 @@ type Config struct {
 	// StartTimeout bounds the wait for the sidecar's go-plugin handshake in subprocess mode.
 	StartTimeout time.Duration `mapstructure:"start_timeout"`
 
-	// Endpoint is the address of a running sidecar for remote mode: "host:port",
-	// "unix:///absolute/path" or "unix:/absolute/path".
-	Endpoint string `mapstructure:"endpoint"`
-	// TLS holds the client TLS settings for remote mode over TCP. TLS is used unless
-	// `insecure: true`, as in the Collector's OTLP exporter. A unix socket endpoint is always
-	// dialled in plaintext (the sidecar never serves TLS there: docs/security.md), and TLS
-	// settings with it are a validation error.
-	TLS configtls.ClientConfig `mapstructure:"tls"`
-
-	// Token is a bearer token sent as "authorization: Bearer <token>" on every Pull.
-	Token configopaque.String `mapstructure:"token"`
-	// TokenFile is a file holding the bearer token (surrounding whitespace is ignored). It is
-	// read before every scrape, so a rotated token is picked up.
-	TokenFile string `mapstructure:"token_file"`
+	// ClientSettings: `endpoint` (remote mode: the address of a running sidecar), `tls` (remote
+	// mode over TCP), and the pull token sent on every Pull (`token` or `token_file`, read
+	// before every scrape).
+	sidecarconn.ClientSettings `mapstructure:",squash"`
 
 	// Consumer is the consumer name the sidecar keeps this receiver's cursor under. Empty means
 	// the receiver's component ID (e.g. "gpumetrics/remote"). Two receivers pulling from one
@@ -96,13 +82,7 @@ func (cfg *Config) Unmarshal(conf *confmap.Conf) error {
 	if err := conf.Unmarshal(cfg); err != nil {
 		return err
 	}
-	cfg.tlsKeys = nil
-	if tlsConf, err := conf.Sub("tls"); err == nil {
-		if keys := tlsConf.AllKeys(); len(keys) > 0 {
-			slices.Sort(keys)
-			cfg.tlsKeys = keys
-		}
-	}
+	cfg.tlsKeys = sidecarconn.TLSKeys(conf)
 	return nil
 }
 
@@ -172,7 +152,8 @@ func (cfg *Config) validateRemote() []error {
 		errs = append(errs, fmt.Errorf("'max_recv_msg_size_mib' must be at least 1, got %d", cfg.MaxRecvMsgSizeMiB))
 	}
 	if isUnixEndpoint(cfg.Endpoint) {
-		if err := cfg.validateUnixTLS(); err != nil {
+		// The sidecar serves unix sockets in plaintext (docs/security.md): refuse TLS there.
+		if err := sidecarconn.ValidateUnixTLS(cfg.TLS, cfg.tlsKeys); err != nil {
 			errs = append(errs, err)
 		}
 	} else if err := cfg.TLS.Validate(); err != nil {
@@ -181,55 +162,11 @@ func (cfg *Config) validateRemote() []error {
 	return errs
 }
 
-// validateUnixTLS refuses TLS settings with a unix socket endpoint: the sidecar serves its unix
-// sockets in plaintext even when it serves TLS on TCP (docs/security.md, "TLS and mTLS"), so a
-// TLS client there fails every handshake. Only `tls: {insecure: true}` is accepted, as it was
-// needed before unix endpoints were always dialled in plaintext.
-func (cfg *Config) validateUnixTLS() error {
-	material := cfg.TLS
-	material.Insecure = false
-	explicitTLS := slices.Contains(cfg.tlsKeys, "insecure") && !cfg.TLS.Insecure
-	if !explicitTLS && reflect.DeepEqual(material, configtls.NewDefaultClientConfig()) {
-		return nil
-	}
-	msg := "'tls' cannot be used with a unix socket 'endpoint': the sidecar serves unix sockets in plaintext (protect them with the socket's file mode)"
-	var given []string
-	for _, key := range cfg.tlsKeys {
-		if key != "insecure" || !cfg.TLS.Insecure {
-			given = append(given, "'tls::"+key+"'")
-		}
-	}
-	if len(given) > 0 {
-		msg += "; remove " + strings.Join(given, ", ")
-	}
-	return errors.New(msg)
-}
-
 // isUnixEndpoint reports whether endpoint names a unix socket ("unix:///path" or "unix:/path").
-func isUnixEndpoint(endpoint string) bool { return strings.HasPrefix(endpoint, unixScheme) }
+func isUnixEndpoint(endpoint string) bool { return sidecarconn.IsUnix(endpoint) }
 
 // validateEndpoint accepts "host:port" (port 1-65535), "unix:///absolute/path" or
 // "unix:/absolute/path" (the sidecar's --listen spelling); gRPC reads both unix forms.
 func validateEndpoint(endpoint string) error {
-	if rest, ok := strings.CutPrefix(endpoint, unixScheme); ok {
-		path := rest
-		if p, ok := strings.CutPrefix(rest, "//"); ok {
-			path = p // unix:///abs -> /abs
-		}
-		if !filepath.IsAbs(path) {
-			return fmt.Errorf("'endpoint' %q: a unix socket needs an absolute path, as in unix:///run/gpumetrics/pull.sock", endpoint)
-		}
-		return nil
-	}
-	host, port, err := net.SplitHostPort(endpoint)
-	if err != nil {
-		return fmt.Errorf("'endpoint' %q must be host:port or unix:///absolute/path: %w", endpoint, err)
-	}
-	if host == "" {
-		return fmt.Errorf("'endpoint' %q has no host", endpoint)
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("'endpoint' %q: port must be a number from 1 to 65535", endpoint)
-	}
-	return nil
+	return sidecarconn.ValidateEndpoint(endpoint, "unix:///run/gpumetrics/pull.sock")
 }

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/collector/scraper"
 	"go.opentelemetry.io/collector/scraper/scraperhelper"
 
+	"github.com/gpumetrics/gpumetrics/collector/internal/sidecarconn"
 	"github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/metadata"
 )
 
@@ -41,7 +42,7 @@ func createDefaultConfig() component.Config {
 	return &Config{
 		ControllerConfig:  controller,
 		StartTimeout:      defaultStartTimeout,
-		TLS:               configtls.NewDefaultClientConfig(),
+		ClientSettings:    sidecarconn.ClientSettings{TLS: configtls.NewDefaultClientConfig()},
 		MaxPullsPerScrape: defaultMaxPullsPerScrape,
 		MaxRecvMsgSizeMiB: defaultMaxRecvMsgSizeMiB,
 	}

@@ -2,12 +2,8 @@ package gpumetricsreceiver
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	gpumetricsv1 "github.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1"
+	"github.com/gpumetrics/gpumetrics/collector/internal/sidecarconn"
 	imetadata "github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/metadata"
 	"github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/sidecar"
 )
@@ -92,14 +89,11 @@ func (s *pullScraper) startPlugin(ctx context.Context) (sidecar.Conn, error) {
 func (s *pullScraper) dialRemote(ctx context.Context) (sidecar.Conn, error) {
 	// A unix socket is always plaintext: the sidecar serves no TLS there (Validate refuses TLS
 	// settings with a unix endpoint).
-	var tlsCfg *tls.Config
-	if !isUnixEndpoint(s.cfg.Endpoint) {
-		var err error
-		if tlsCfg, err = s.cfg.TLS.LoadTLSConfig(ctx); err != nil {
-			return nil, fmt.Errorf("'tls': %w", err)
-		}
+	tlsCfg, err := sidecarconn.LoadTLS(ctx, s.cfg.Endpoint, s.cfg.TLS)
+	if err != nil {
+		return nil, err
 	}
-	if tlsCfg == nil && (s.cfg.Token != "" || s.cfg.TokenFile != "") && !isLocalEndpoint(s.cfg.Endpoint) {
+	if tlsCfg == nil && (s.cfg.Token != "" || s.cfg.TokenFile != "") && !sidecarconn.IsLocal(s.cfg.Endpoint) {
 		s.logger.Warn("A bearer token is sent in plaintext to a non-loopback sidecar; set 'tls' to protect it",
 			zap.String("endpoint", s.cfg.Endpoint))
 	}
@@ -108,22 +102,6 @@ func (s *pullScraper) dialRemote(ctx context.Context) (sidecar.Conn, error) {
 		TLS:            tlsCfg,
 		MaxRecvMsgSize: s.cfg.MaxRecvMsgSizeMiB << 20,
 	})
-}
-
-// isLocalEndpoint reports whether endpoint is a unix socket or a loopback address.
-func isLocalEndpoint(endpoint string) bool {
-	if isUnixEndpoint(endpoint) {
-		return true
-	}
-	host, _, err := net.SplitHostPort(endpoint)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // start checks the token file and makes the first connection. In subprocess mode a sidecar that
@@ -178,18 +156,7 @@ func (s *pullScraper) sendFinalAck(ctx context.Context, conn sidecar.Conn) {
 
 // token returns the bearer token ("" when none is configured), reading token_file afresh.
 func (s *pullScraper) token() (string, error) {
-	if s.cfg.TokenFile == "" {
-		return string(s.cfg.Token), nil
-	}
-	b, err := os.ReadFile(s.cfg.TokenFile)
-	if err != nil {
-		return "", fmt.Errorf("'token_file': %w", err)
-	}
-	tok := strings.TrimSpace(string(b))
-	if tok == "" {
-		return "", fmt.Errorf("'token_file' %q is empty", s.cfg.TokenFile)
-	}
-	return tok, nil
+	return sidecarconn.Token(s.cfg.Token, s.cfg.TokenFile)
 }
 
 func (s *pullScraper) withToken(ctx context.Context) (context.Context, error) {

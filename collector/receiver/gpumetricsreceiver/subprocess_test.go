@@ -194,20 +194,21 @@ func TestSubprocessStartFailures(t *testing.T) {
 	}
 }
 
-// realSidecar returns the gpumetrics console script: $GPUMETRICS_SIDECAR (collector/scripts/test.sh
-// sets it; the test fails when it is set but missing), else the repository's .venv; the test is
-// skipped when neither exists (go test run alone, before the Python package is installed).
+// realSidecar returns the gpumetrics console script: $SIDECAR_COMMAND (collector/scripts/test.sh
+// always sets it; the test fails when it is set but missing), else the repository's .venv; the
+// test is skipped only when neither exists (`go test` run by hand before the Python package is
+// installed).
 func realSidecar(t *testing.T) string {
 	t.Helper()
-	if path := os.Getenv("GPUMETRICS_SIDECAR"); path != "" {
+	if path := os.Getenv("SIDECAR_COMMAND"); path != "" {
 		_, err := os.Stat(path)
-		require.NoError(t, err, "GPUMETRICS_SIDECAR")
+		require.NoError(t, err, "SIDECAR_COMMAND")
 		return path
 	}
 	path, err := filepath.Abs(filepath.Join("..", "..", "..", ".venv", "bin", "gpumetrics"))
 	require.NoError(t, err)
 	if _, err := os.Stat(path); err != nil {
-		t.Skipf("the gpumetrics sidecar is not installed (%v): set GPUMETRICS_SIDECAR or run ./scripts/test.sh", err)
+		t.Skipf("the gpumetrics sidecar is not installed (%v): set SIDECAR_COMMAND or run ./scripts/test.sh", err)
 	}
 	return path
 }

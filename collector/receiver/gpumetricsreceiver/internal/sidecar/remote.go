@@ -10,14 +10,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	gpumetricsv1 "github.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1"
+	"github.com/gpumetrics/gpumetrics/collector/internal/sidecarconn"
 )
 
 // RemoteConfig says how to reach a sidecar that runs on its own.
@@ -30,12 +28,8 @@ type RemoteConfig struct {
 	MaxRecvMsgSize int
 }
 
-// reconnectBackoff keeps reconnection attempts to a restarted sidecar frequent: gRPC's default
-// backoff grows to 2 minutes, longer than many collection intervals.
-var reconnectBackoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second}
-
-// minConnectTimeout bounds one connection attempt.
-const minConnectTimeout = 5 * time.Second
+// probeTimeout bounds one probe's connect (as sidecarconn bounds one gRPC connection attempt).
+const probeTimeout = 5 * time.Second
 
 // Probes of an unreachable endpoint within one Pull start probeInitialDelay apart and grow ×1.6
 // up to probeMaxDelay, so a sidecar that comes back is found within half a second.
@@ -77,13 +71,14 @@ func (e *UnreachableError) GRPCStatus() *status.Status {
 // connect. A Pull to an endpoint that stays unreachable fails when its context ends, with an
 // *UnreachableError carrying the dial error. Each failed gRPC connection attempt logs a
 // "createTransport failed" WARN line through the Collector's gRPC logger, and a channel whose
-// attempt failed keeps retrying by itself (every 5 s at most, reconnectBackoff), so an
+// attempt failed keeps retrying by itself (every 5 s at most, sidecarconn.Dial), so an
 // unreachable sidecar filled the log; now gRPC only connects to a listening endpoint. A channel
 // left retrying after a failed attempt is replaced by a fresh, idle one.
 type Remote struct {
 	target  string
 	network string // "tcp" or "unix"
 	address string // host:port, or the socket path
+	tls     *tls.Config
 	opts    []grpc.DialOption
 	// probed, when set (tests), is called with the outcome of every probe.
 	probed func(error)
@@ -100,20 +95,11 @@ var _ Conn = (*Remote)(nil)
 
 // DialRemote creates the client connection. It does not contact the sidecar.
 func DialRemote(cfg RemoteConfig) (*Remote, error) {
-	creds := insecure.NewCredentials()
-	if cfg.TLS != nil {
-		creds = credentials.NewTLS(cfg.TLS)
-	}
 	callOpts := []grpc.CallOption{grpc.WaitForReady(true)}
 	if cfg.MaxRecvMsgSize > 0 {
 		callOpts = append(callOpts, grpc.MaxCallRecvMsgSize(cfg.MaxRecvMsgSize))
 	}
-	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(callOpts...),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff, MinConnectTimeout: minConnectTimeout}),
-	}
-	r := &Remote{target: cfg.Target, opts: opts}
+	r := &Remote{target: cfg.Target, tls: cfg.TLS, opts: []grpc.DialOption{grpc.WithDefaultCallOptions(callOpts...)}}
 	r.network, r.address = dialAddress(cfg.Target)
 	if err := r.newConn(); err != nil {
 		return nil, err
@@ -134,9 +120,9 @@ func dialAddress(target string) (network, address string) {
 }
 
 func (r *Remote) newConn() error {
-	conn, err := grpc.NewClient(r.target, r.opts...)
+	conn, err := sidecarconn.Dial(r.target, r.tls, r.opts...)
 	if err != nil {
-		return fmt.Errorf("sidecar endpoint %q: %w", r.target, err)
+		return err
 	}
 	r.conn, r.pull = conn, gpumetricsv1.NewMetricsPullServiceClient(conn)
 	return nil
@@ -195,9 +181,9 @@ func (r *Remote) waitReachable(ctx context.Context, last error) error {
 	}
 }
 
-// probe dials the endpoint once, within ctx and minConnectTimeout, and closes the connection.
+// probe dials the endpoint once, within ctx and probeTimeout, and closes the connection.
 func (r *Remote) probe(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, minConnectTimeout)
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	c, err := (&net.Dialer{}).DialContext(ctx, r.network, r.address)
 	if err != nil {

@@ -1,0 +1,312 @@
+package declarer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	gpumetricsv1 "github.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1"
+)
+
+// eventKind is what one stream message carried, to account for its answer.
+type eventKind int
+
+const (
+	kindDeclare eventKind = iota
+	kindExit
+	kindResyncBegin
+	kindResyncEnd
+)
+
+// sentEvent is a message sent and not yet answered (the sidecar answers every message once, in
+// order).
+type sentEvent struct {
+	kind  eventKind
+	pid   uint32
+	count int // kindResyncEnd: the processes replayed
+}
+
+// heldState is what the current stream told the sidecar about one pid.
+type heldState struct {
+	fp    uint64
+	start uint64
+}
+
+// session is one StreamDeclarations stream: the sending side runs in Client.run's goroutine,
+// the receiving side in its own.
+type session struct {
+	c        *Client
+	ctx      context.Context
+	stream   grpc.BidiStreamingClient[gpumetricsv1.StreamDeclarationsRequest, gpumetricsv1.StreamDeclarationsResponse]
+	inflight chan sentEvent
+	held     map[uint32]heldState
+
+	broken   chan struct{} // closed by receive when the stream ended; recvErr says how
+	recvErr  error
+	answered atomic.Bool // the sidecar answered at least one event
+}
+
+var (
+	errStreamEnded = errors.New("the sidecar ended the declaration stream")
+	errUnexpected  = errors.New("the sidecar answered more events than were sent")
+)
+
+// stream opens one stream and keeps it until it breaks or the client closes. progressed reports
+// whether the sidecar answered anything (the backoff then starts over).
+func (c *Client) stream() (progressed bool, err error) {
+	ctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	md := metadata.MD{}
+	if c.opts.Name != "" {
+		md.Set(MetadataKey, c.opts.Name)
+	}
+	if c.opts.Token != nil {
+		tok, err := c.opts.Token()
+		if err != nil {
+			return false, fmt.Errorf("declare token: %w", err)
+		}
+		if tok != "" {
+			md.Set("authorization", "Bearer "+tok)
+		}
+	}
+	ctx = metadata.NewOutgoingContext(ctx, md)
+	// WaitForReady: a sidecar that is down (or not started yet) is waited for, not failed on.
+	stream, err := c.rpc.StreamDeclarations(ctx, grpc.WaitForReady(true))
+	if err != nil {
+		return false, fmt.Errorf("opening the declaration stream: %w", err)
+	}
+	c.setStreaming(true)
+	defer c.setStreaming(false)
+	s := &session{
+		c:        c,
+		ctx:      ctx,
+		stream:   stream,
+		inflight: make(chan sentEvent, c.opts.MaxInFlight),
+		broken:   make(chan struct{}),
+	}
+	go s.receive()
+	err = s.run()
+	cancel()
+	<-s.broken
+	return s.answered.Load(), err
+}
+
+// run sends a resynchronisation first, then every change, until the stream breaks or the client
+// closes (then it ends the stream cleanly and waits for the last answers).
+func (s *session) run() error {
+	first := true
+	for {
+		resync, batch, closing := s.c.take(first)
+		first = false
+		var err error
+		switch {
+		case resync:
+			err = s.resync(batch)
+		case len(batch) > 0:
+			err = s.apply(batch)
+		case closing:
+			return s.finish()
+		default:
+			select {
+			case <-s.c.wake:
+			case <-s.broken:
+				return s.brokenErr()
+			case <-s.ctx.Done():
+				return s.ctx.Err()
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// change is one pid to bring up to date: its latest declaration, or nil when it exited.
+type change struct {
+	pid uint32
+	e   *entry
+}
+
+// take returns what to send next: every held process when a resynchronisation is due (always
+// first on a new stream), else the pids changed since the last take. closing reports Close.
+func (c *Client) take(newStream bool) (resync bool, batch []change, closing bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if newStream || c.resyncDue {
+		c.resyncDue = false
+		clear(c.dirty)
+		batch = make([]change, 0, len(c.desired))
+		for pid, e := range c.desired {
+			batch = append(batch, change{pid, e})
+		}
+		c.unsent.Store(int64(len(batch)))
+		return true, batch, c.closing
+	}
+	if len(c.dirty) > 0 {
+		batch = make([]change, 0, len(c.dirty))
+		for pid := range c.dirty {
+			batch = append(batch, change{pid, c.desired[pid]})
+		}
+		clear(c.dirty)
+		c.unsent.Store(int64(len(batch)))
+	}
+	return false, batch, c.closing
+}
+
+// resync replays batch between ResyncBegin and ResyncEnd; the sidecar then releases every earlier
+// declaration of this declarer that was not replayed.
+func (s *session) resync(batch []change) error {
+	begin := &gpumetricsv1.StreamDeclarationsRequest{Event: &gpumetricsv1.StreamDeclarationsRequest_ResyncBegin{ResyncBegin: &gpumetricsv1.ResyncBegin{}}}
+	if err := s.send(begin, sentEvent{kind: kindResyncBegin}); err != nil {
+		return err
+	}
+	s.held = make(map[uint32]heldState, len(batch))
+	for _, ch := range batch {
+		if err := s.declare(ch.pid, ch.e); err != nil {
+			return err
+		}
+		s.c.unsent.Add(-1)
+	}
+	end := &gpumetricsv1.StreamDeclarationsRequest{Event: &gpumetricsv1.StreamDeclarationsRequest_ResyncEnd{ResyncEnd: &gpumetricsv1.ResyncEnd{}}}
+	return s.send(end, sentEvent{kind: kindResyncEnd, count: len(batch)})
+}
+
+// apply sends a declaration for each changed process and an exit for each released one the
+// stream had declared.
+func (s *session) apply(batch []change) error {
+	for _, ch := range batch {
+		s.c.unsent.Add(-1)
+		held, ok := s.held[ch.pid]
+		switch {
+		case ch.e != nil && ok && held.fp == ch.e.fp:
+			// changed and changed back before it was sent
+		case ch.e != nil:
+			if err := s.declare(ch.pid, ch.e); err != nil {
+				return err
+			}
+		case ok:
+			delete(s.held, ch.pid)
+			exit := &gpumetricsv1.StreamDeclarationsRequest{Event: &gpumetricsv1.StreamDeclarationsRequest_Exit{
+				Exit: &gpumetricsv1.ProcessExit{Pid: ch.pid, StartTimeTicks: held.start},
+			}}
+			if err := s.send(exit, sentEvent{kind: kindExit, pid: ch.pid}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (s *session) declare(pid uint32, e *entry) error {
+	s.held[pid] = heldState{fp: e.fp, start: e.decl.GetStartTimeTicks()}
+	req := &gpumetricsv1.StreamDeclarationsRequest{Event: &gpumetricsv1.StreamDeclarationsRequest_Declare{Declare: e.decl}}
+	return s.send(req, sentEvent{kind: kindDeclare, pid: pid})
+}
+
+// send records ev as awaiting its answer (waiting while MaxInFlight events are unanswered) and
+// sends req.
+func (s *session) send(req *gpumetricsv1.StreamDeclarationsRequest, ev sentEvent) error {
+	select {
+	case s.inflight <- ev:
+		if ev.kind == kindDeclare || ev.kind == kindExit {
+			s.c.unanswered.Add(1)
+		}
+	case <-s.broken:
+		return s.brokenErr()
+	case <-s.ctx.Done():
+		return s.ctx.Err()
+	}
+	if err := s.stream.Send(req); err != nil {
+		if errors.Is(err, io.EOF) { // the stream's status is what Recv returns
+			<-s.broken
+			return s.brokenErr()
+		}
+		return err
+	}
+	return nil
+}
+
+// finish ends the stream after the last event and waits for the answers to everything sent.
+func (s *session) finish() error {
+	if err := s.stream.CloseSend(); err != nil {
+		return err
+	}
+	select {
+	case <-s.broken:
+	case <-s.ctx.Done():
+		return s.ctx.Err()
+	}
+	if s.recvErr != nil && !errors.Is(s.recvErr, errStreamEnded) {
+		return s.recvErr
+	}
+	if n := len(s.inflight); n > 0 {
+		return fmt.Errorf("the sidecar ended the stream with %d events unanswered", n)
+	}
+	return nil
+}
+
+func (s *session) brokenErr() error {
+	if s.recvErr == nil {
+		return errStreamEnded
+	}
+	return s.recvErr
+}
+
+// receive reads the answers, accounts each against the event it answers, and closes broken when
+// the stream ends.
+func (s *session) receive() {
+	defer close(s.broken)
+	c := s.c
+	for {
+		resp, err := s.stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errStreamEnded
+			}
+			s.recvErr = err
+			return
+		}
+		var ev sentEvent
+		select {
+		case ev = <-s.inflight:
+		default:
+			s.recvErr = errUnexpected
+			return
+		}
+		s.answered.Store(true)
+		if ev.kind == kindDeclare || ev.kind == kindExit {
+			c.unanswered.Add(-1)
+		}
+		s.account(c, ev, resp)
+	}
+}
+
+func (s *session) account(c *Client, ev sentEvent, resp *gpumetricsv1.StreamDeclarationsResponse) {
+	if !resp.GetAccepted() {
+		c.rejected.Add(1)
+		if c.opts.Observer != nil {
+			r := resp.GetRejection()
+			c.opts.Observer.Rejected(ev.pid, r.GetField(), r.GetReason())
+		}
+		return
+	}
+	switch ev.kind {
+	case kindDeclare:
+		c.declared.Add(1)
+	case kindExit:
+		c.exits.Add(1)
+	case kindResyncEnd:
+		c.resyncs.Add(1)
+		c.released.Add(uint64(resp.GetReleased()))
+		c.connected.Store(true)
+		if c.opts.Observer != nil {
+			c.opts.Observer.Resynced(ev.count, resp.GetReleased())
+		}
+	case kindResyncBegin:
+	}
+}
