@@ -2,13 +2,21 @@
 # Fails when the checked-in generated code differs from what the .proto files produce.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+generated=(receiver/gpumetrics/v1 receiver/gpumetrics/kubernetes/podresources/v1)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cp -r receiver/gpumetrics/v1 "$tmp/py-before"
+for dir in "${generated[@]}"; do
+  mkdir -p "$tmp/before/$dir"
+  cp -r "$dir/." "$tmp/before/$dir"
+done
 ./scripts/gen-proto.sh
-if ! diff -r "$tmp/py-before" receiver/gpumetrics/v1 >/dev/null; then
-  echo "generated Python code in receiver/gpumetrics/v1 is stale: run scripts/gen-proto.sh and commit" >&2
-  diff -r "$tmp/py-before" receiver/gpumetrics/v1 >&2 || true
-  exit 1
-fi
+stale=0
+for dir in "${generated[@]}"; do
+  if ! diff -r "$tmp/before/$dir" "$dir" >/dev/null; then
+    echo "generated Python code in $dir is stale: run scripts/gen-proto.sh and commit" >&2
+    diff -r "$tmp/before/$dir" "$dir" >&2 || true
+    stale=1
+  fi
+done
+[ "$stale" -eq 0 ] || exit 1
 echo "generated code is fresh"
