@@ -91,9 +91,10 @@ class PodResourcesClient:
         timeout_s: deadline of each call (s).
         max_response_bytes: largest answer accepted (By); grpcio refuses larger ones.
 
-    The channel is created on first use and reused; grpcio reconnects by itself after a
-    kubelet restart. Not thread-safe for :meth:`close` against a call in flight; the owner
-    (:class:`~gpumetrics.kubernetes.attribution.PodAttribution`) calls from one thread.
+    The channel is created on first use and reused while calls succeed; after a failure it is
+    closed, so the next call dials the socket again (a restarted kubelet makes a new one). Not
+    thread-safe: the owner (:class:`~gpumetrics.kubernetes.attribution.PodAttribution`) calls
+    from one thread.
 
     """
 
@@ -149,6 +150,10 @@ class PodResourcesClient:
         try:
             return getattr(stub, method)(request, timeout=self._timeout_s)
         except grpc.RpcError as err:
+            # A failed channel would wait out grpcio's reconnect back-off (up to 2 min) before
+            # dialling again; the next refresh gets a fresh one, so a restarted kubelet is seen
+            # at once.
+            self.close()
             raise self._classify(method, err) from None
 
     def _classify(self, method: str, err: grpc.RpcError) -> PodResourcesError:
