@@ -29,7 +29,6 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
-	"sync/atomic"
 	"syscall"
 
 	"google.golang.org/grpc"
@@ -51,11 +50,9 @@ type state struct {
 type server struct {
 	podresourcesv1.UnimplementedPodResourcesListerServer
 	statePath string
-	calls     atomic.Int64
 }
 
 func (s *server) load(ctx context.Context) (*state, error) {
-	s.calls.Add(1)
 	raw, err := os.ReadFile(s.statePath)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "fakekubelet: state: %v", err)
@@ -73,7 +70,6 @@ func (s *server) load(ctx context.Context) (*state, error) {
 	}
 	return &st, nil
 }
-
 
 func (s *server) List(ctx context.Context, _ *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
 	st, err := s.load(ctx)
