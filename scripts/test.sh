@@ -7,7 +7,8 @@
 #   2. the Python suites (everything not marked e2e);
 #   3. the Go receiver: collector/scripts/test.sh (gofmt, hadolint, go vet, go test);
 #   4. static validation of docker-compose.yaml, the Dockerfiles and collector-config/
-#      (scripts/validate-compose.sh);
+#      (scripts/validate-compose.sh), and of the Helm chart and deploy/manifests/ (helm lint,
+#      manifests fresh, strict decode into the Kubernetes API types: scripts/check-kubernetes.sh);
 #   5. the end-to-end tests (pytest -m e2e): builds the otelcol-gpumetrics distribution with the
 #      Collector Builder (collector/scripts/build-otelcol.sh, cached by hash), then runs the real
 #      Collector against the real sidecar (docs/e2e.md).
@@ -52,6 +53,9 @@ PYTHON="$VENV/bin/python" HADOLINT="$VENV/bin/hadolint" ./collector/scripts/test
 
 stage "compose and configuration (static)"
 ./scripts/validate-compose.sh
+
+stage "kubernetes (helm lint, manifests fresh, strict decode)"
+./scripts/check-kubernetes.sh
 
 if [ -n "${GPUMETRICS_SKIP_E2E:-}" ]; then
   echo "== end-to-end tests skipped (GPUMETRICS_SKIP_E2E is set)"

@@ -78,7 +78,7 @@ func (s *server) List(ctx context.Context, _ *podresourcesv1.ListPodResourcesReq
 	}
 	resp := &podresourcesv1.ListPodResourcesResponse{}
 	if len(st.List) > 0 {
-		if err := (protojson.UnmarshalOptions{DiscardUnknown: false}).Unmarshal(st.List, resp); err != nil {
+		if err := protojson.Unmarshal(st.List, resp); err != nil {
 			return nil, status.Errorf(codes.Internal, "fakekubelet: list: %v", err)
 		}
 	}
