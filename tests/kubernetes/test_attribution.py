@@ -133,3 +133,20 @@ def test_the_refresher_thread_reads_on_its_own_and_stops(fake_kubelet):
         poll(lambda: attr.snapshot().grants == {}, 30, "a refresh without the pod")
     finally:
         assert attr.stop(timeout_s=10)
+
+
+def test_start_waits_for_the_first_read_at_most_the_given_time(fake_kubelet):
+    kubelet = fake_kubelet(pods=[TRAIN])
+    attr, _ = attribution(kubelet.socket, clock=None, refresh_interval_s=60, stale_after_s=120)
+    try:
+        assert attr.start(wait_first_s=30)
+        assert attr.snapshot() is not EMPTY  # already read: the first batch carries pods
+    finally:
+        assert attr.stop(timeout_s=10)
+    kubelet.set(hang=True)
+    attr, _ = attribution(kubelet.socket, clock=None, timeout_s=5, stale_after_s=60)
+    try:
+        assert not attr.start(wait_first_s=0.2)  # a hanging kubelet holds start-up this long
+        assert attr.snapshot() is EMPTY
+    finally:
+        attr.stop(timeout_s=10)

@@ -61,7 +61,7 @@ class Sidecar:
             "pod_attribution": True,
             "pod_resources_socket": str(kubelet_socket),
             "refresh_interval_s": 0.2,
-            "timeout_s": 0.5,
+            "timeout_s": 2.0,
             **kubernetes,
         }
         config.write_text(yaml.safe_dump({"kubernetes": settings}))
@@ -242,7 +242,7 @@ def test_allocation_values_count_the_device_ids_each_container_holds(fake_kubele
 
 def test_pods_coming_and_going_and_a_hanging_kubelet(fake_kubelet, sidecars):
     kubelet = fake_kubelet(pods=PODS)
-    sidecar = sidecars(kubelet, stale_after_s=2.0)
+    sidecar = sidecars(kubelet, stale_after_s=3.0, timeout_s=1.0)
     pod_of = lambda points: points.get(("hw.power", GPU0), [{}])[0].get("k8s.pod.name")  # noqa: E731
     sidecar.batch_where(lambda p: pod_of(p) == "train-0", "GPU-0 held by train-0")
 
@@ -260,18 +260,20 @@ def test_pods_coming_and_going_and_a_hanging_kubelet(fake_kubelet, sidecars):
     # the kubelet hangs: collection goes on, and the last answer is dropped once stale
     kubelet.set(pods=PODS)
     sidecar.batch_where(lambda p: pod_of(p) == "train-0", "GPU-0 held by train-0 again")
+    before = len(sidecar.log.read_text().splitlines())
     kubelet.set(hang=True)
     sidecar.batch_where(lambda p: pod_of(p) is None, "the stale answer dropped while it hangs")
     for n in range(3):
         sidecar.batch_where(lambda p: ("hw.power", GPU0) in p, f"batch {n} while it hangs")
+    during = [
+        json.loads(line)
+        for line in sidecar.log.read_text().splitlines()[before:]
+        if line.startswith("{")
+    ]
     kubelet.set(hang=False)
     sidecar.batch_where(lambda p: pod_of(p) == "train-0", "attribution back once it answers")
 
-    log = [
-        json.loads(line) for line in sidecar.log.read_text().splitlines() if line.startswith("{")
-    ]
-    stale = [r for r in log if "older than 2 s" in r["@message"]]
-    assert len(stale) == 1
-    deadline = [r for r in log if "no answer within 0.5 s" in r["@message"]]
-    assert deadline and deadline[0]["@level"] == "warn"
-    assert sum(r["@level"] == "warn" for r in deadline) == 1  # then DEBUG while it lasts
+    # one episode: one stale warning; the deadline logged at WARNING once, then at DEBUG
+    assert sum("older than 3 s" in r["@message"] for r in during) == 1
+    deadline = [r["@level"] for r in during if "no answer within 1 s" in r["@message"]]
+    assert deadline[:1] == ["warn"] and set(deadline[1:]) <= {"debug"}, deadline

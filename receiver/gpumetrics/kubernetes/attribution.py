@@ -3,8 +3,11 @@
 A refresher thread calls the kubelet's pod-resources API every ``refresh_interval_s`` (each call
 under ``timeout_s``) and swaps in a new immutable :class:`~.allocations.Allocations`; the
 collector's :meth:`PodAttribution.annotate` only reads the current one, so collection never
-waits on the kubelet. An answer older than ``stale_after_s`` is dropped: device points then
-carry no pod, rather than a pod that may have let go of the GPU.
+waits on the kubelet. Only at start-up does the sidecar wait, at most ``timeout_s``, for the
+first read to end, so that its first batch already says which pod holds which GPU (a batch
+without pods would leave pod-less series behind in, e.g., a Prometheus exporter). An answer
+older than ``stale_after_s`` is dropped: device points then carry no pod, rather than a pod
+that may have let go of the GPU.
 
 Failures are logged once per kind (WARNING, with what to do: mount the socket's directory, run
 as uid 0, ...), then at DEBUG while they last, and INFO when the kubelet answers again; each
@@ -104,6 +107,7 @@ class PodAttribution:
             None,
         )
         self._stop = threading.Event()
+        self._first = threading.Event()
         self._thread: threading.Thread | None = None
 
     # --- the snapshot -----------------------------------------------------------------
@@ -225,20 +229,33 @@ class PodAttribution:
         self._ask_allocatable = True  # a new connection: ask again once
 
     # --- lifecycle --------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the refresher thread (first read at once); return at once."""
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(
-            target=self._run, name="gpumetrics-pod-attribution", daemon=True
-        )
-        self._thread.start()
+    def start(self, wait_first_s: float = 0.0) -> bool:
+        """Start the refresher thread, which reads the kubelet at once.
+
+        Args:
+            wait_first_s: wait up to this long (s) for that first read to end (answered or
+                failed), so the first collection already carries pods; the sidecar passes
+                ``kubernetes.timeout_s``. Nothing waits on the kubelet after that.
+
+        Returns:
+            True when the first read ended within ``wait_first_s``.
+
+        """
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="gpumetrics-pod-attribution", daemon=True
+            )
+            self._thread.start()
+        return self._first.wait(wait_first_s)
 
     def _run(self) -> None:
         interval = self._settings.refresh_interval_s
         while not self._stop.is_set():
             began = time.monotonic()
-            self.refresh()
+            try:
+                self.refresh()
+            finally:
+                self._first.set()
             self._stop.wait(max(0.0, interval - (time.monotonic() - began)))
 
     def stop(self, timeout_s: float = 1.0) -> bool:

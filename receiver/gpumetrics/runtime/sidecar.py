@@ -262,8 +262,8 @@ class Sidecar:
         """Start serving, collecting, batching and pushing (returns at once)."""
         p = self.parts
         p.server.start()
-        if p.attribution is not None:
-            p.attribution.start()
+        if p.attribution is not None:  # the first batch should already carry pods
+            p.attribution.start(wait_first_s=self.config.kubernetes.timeout_s)
         p.collector.start()
         p.batcher.start()
         if p.push is not None:

@@ -145,7 +145,7 @@ capabilities:
 {{- $exporters := dict -}}
 {{- $names := list -}}
 {{- if .Values.prometheus.enabled -}}
-{{- $_ := set $exporters "prometheus" (dict "endpoint" (printf "${env:POD_IP}:%d" (int .Values.prometheus.port)) "resource_constant_labels" (dict "included" (list "*"))) -}}
+{{- $_ := set $exporters "prometheus" (dict "endpoint" (printf "${env:POD_IP}:%d" (int .Values.prometheus.port)) "metric_expiration" .Values.prometheus.metricExpiration "resource_constant_labels" (dict "included" (list "*"))) -}}
 {{- $names = append $names "prometheus" -}}
 {{- end -}}
 {{- if include "gpumetrics.otlpEnabled" . -}}
