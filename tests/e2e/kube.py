@@ -98,7 +98,8 @@ class PodMapping:
             return f"127.0.0.1:{self.ports[port]}" if port in self.ports else m.group(0)
 
         text = re.sub(r"(0\.0\.0\.0|\$\{env:POD_IP\}):(\d+)\b", hostport, text)
-        # the Collector's own metrics: `host: ${env:POD_IP}` and `port: N` on separate keys
+        # the Collector's own metrics: `host: 0.0.0.0` and `port: N` on separate keys
+        text = re.sub(r"(?m)^(\s*host:\s*)(0\.0\.0\.0)\s*$", r"\g<1>127.0.0.1", text)
         return re.sub(
             r"(?m)^(\s*port:\s*)(\d+)\s*$",
             lambda m: m.group(1) + str(self.ports.get(int(m.group(2)), m.group(2))),

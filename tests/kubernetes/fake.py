@@ -150,11 +150,16 @@ class FakeKubelet:
         partial.replace(self.state_path)
 
     def close(self) -> None:
-        """Stop the process (SIGTERM, then SIGKILL after 10 s) and reap it."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        """Stop the process and reap it (:func:`terminate`)."""
+        terminate(self.proc, 10)
+
+
+def terminate(proc: subprocess.Popen[Any], timeout_s: float) -> None:
+    """SIGTERM ``proc`` if it runs, SIGKILL it after ``timeout_s``; reap it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)

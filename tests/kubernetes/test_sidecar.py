@@ -20,7 +20,7 @@ import yaml
 from gpumetrics.v1 import pull_pb2, pull_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 
-from .fake import device, pod, poll
+from .fake import device, pod, poll, terminate
 
 HERE = Path(__file__).resolve().parent
 SCENARIO = HERE / "testdata" / "k8s-node.yaml"
@@ -117,13 +117,7 @@ class Sidecar:
 
     def stop(self) -> None:
         self.channel.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc, 30)
 
 
 def value(v) -> object:
@@ -219,6 +213,35 @@ def test_device_metrics_carry_the_pod_allocated_each_gpu(fake_kubelet, sidecars)
     process = points[("process", 4242)]
     assert process and all(not k8s(a) for a in process)
     assert all(a["hw.id"] == GPU0 for a in process)
+
+
+def test_a_declared_process_keeps_the_pod_its_profiler_says(fake_kubelet, sidecars):
+    """The kubelet says GPU-0 is train-0's; the profiler says the process on it is in another
+    pod (e.g. a privileged pod using a GPU it was not allocated): each claim stays where it
+    belongs, the device's on the device points, the process's on its resource."""
+    kubelet = fake_kubelet(pods=PODS)
+    sidecar = sidecars(kubelet)
+    sidecar.batch_where(held, "a batch with the kubelet's allocations")
+    declared = subprocess.run(
+        [GPUMETRICS, "declare", f"unix:{sidecar.socket}", "--pid", "4242",
+         "--start-time-ticks", "0", "--attr", "k8s.namespace.name=debug",
+         "--attr", "k8s.pod.name=gpu-debugger", "--attr", "k8s.container.name=shell"],
+        env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert declared.returncode == 0, declared.stderr
+
+    def declared_seen(points):
+        process = points.get(("process", 4242), [])
+        return process and all(a.get("k8s.pod.name") == "gpu-debugger" for a in process)
+
+    points, _ = sidecar.batch_where(declared_seen, "the process's declared pod on its resource")
+    debugger = {
+        "k8s.namespace.name": "debug",
+        "k8s.pod.name": "gpu-debugger",
+        "k8s.container.name": "shell",
+    }
+    assert all(k8s(a) == debugger for a in points[("process", 4242)])
+    assert all(a["k8s.pod.name"] == "train-0" for a in points[("hw.power", GPU0)])
 
 
 def test_allocation_values_count_the_device_ids_each_container_holds(fake_kubelet, sidecars):

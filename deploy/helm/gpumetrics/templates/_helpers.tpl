@@ -132,7 +132,8 @@ capabilities:
 {{- toYaml (mustMergeOverwrite $config (deepCopy .Values.sidecar.config)) -}}
 {{- end -}}
 
-{{/* The Collector's configuration (docs/collector.md). */}}
+{{/* The Collector's configuration (docs/collector.md). Its listeners bind every address of
+     the pod: the pod IP for probes and scrapes, loopback for `kubectl port-forward`. */}}
 {{- define "gpumetrics.collectorConfig" -}}
 {{- $receiver := dict "collection_interval" .Values.collector.scrapeInterval "timeout" .Values.collector.scrapeTimeout -}}
 {{- if eq .Values.topology "sidecar" -}}
@@ -145,7 +146,7 @@ capabilities:
 {{- $exporters := dict -}}
 {{- $names := list -}}
 {{- if .Values.prometheus.enabled -}}
-{{- $_ := set $exporters "prometheus" (dict "endpoint" (printf "${env:POD_IP}:%d" (int .Values.prometheus.port)) "metric_expiration" .Values.prometheus.metricExpiration "resource_constant_labels" (dict "included" (list "*"))) -}}
+{{- $_ := set $exporters "prometheus" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.prometheus.port)) "metric_expiration" .Values.prometheus.metricExpiration "resource_constant_labels" (dict "included" (list "*"))) -}}
 {{- $names = append $names "prometheus" -}}
 {{- end -}}
 {{- if include "gpumetrics.otlpEnabled" . -}}
@@ -169,10 +170,10 @@ capabilities:
     "memory_limiter" (dict "check_interval" "1s" "limit_mib" (int .Values.collector.memoryLimitMiB) "spike_limit_mib" (int .Values.collector.memorySpikeLimitMiB))
     "batch" (dict))
   "exporters" $exporters
-  "extensions" (dict "health_check" (dict "endpoint" (printf "${env:POD_IP}:%d" (int .Values.collector.healthPort))))
+  "extensions" (dict "health_check" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.collector.healthPort))))
   "service" (dict
     "extensions" (list "health_check")
-    "telemetry" (dict "metrics" (dict "readers" (list (dict "pull" (dict "exporter" (dict "prometheus" (dict "host" "${env:POD_IP}" "port" (int .Values.collector.telemetryPort))))))))
+    "telemetry" (dict "metrics" (dict "readers" (list (dict "pull" (dict "exporter" (dict "prometheus" (dict "host" "0.0.0.0" "port" (int .Values.collector.telemetryPort))))))))
     "pipelines" (dict "metrics" (dict "receivers" (list "gpumetrics") "processors" (list "memory_limiter" "batch") "exporters" $names)))
 -}}
 {{- toYaml (mustMergeOverwrite $config (deepCopy .Values.collector.config)) -}}
