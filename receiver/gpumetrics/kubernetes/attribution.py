@@ -9,8 +9,8 @@ without pods would leave pod-less series behind in, e.g., a Prometheus exporter)
 older than ``stale_after_s`` is dropped: device points then carry no pod, rather than a pod
 that may have let go of the GPU.
 
-Failures are logged once per kind (WARNING, with what to do: mount the socket's directory, run
-as uid 0, ...), then at DEBUG while they last, and INFO when the kubelet answers again; each
+Failures are logged once per kind and outage (WARNING, with what to do: mount the socket's
+directory, run as uid 0, ...), then at DEBUG until the kubelet answers again (INFO); each
 refresh is counted in ``gpumetrics.kubernetes.refreshes{outcome}``. ``GetAllocatableResources``
 is asked once per successful connection (a kubelet without it is asked no more); it only serves
 a diagnosis: GPU ids the kubelet offers that match no GPU NVML sees are logged once (wrong
@@ -97,6 +97,7 @@ class PodAttribution:
         self._current: Allocations = EMPTY
         self._taken_at: float | None = None
         self._failure: Failure | None = None
+        self._warned: set[Failure] = set()  # kinds logged at WARNING since the last success
         self._stale_logged = False
         self._seen_ok = False
         self._ask_allocatable = True
@@ -201,6 +202,7 @@ class PodAttribution:
                 self._settings.max_device_ids,
             )
         self._failure = None
+        self._warned.clear()
         self._seen_ok = True
         return True
 
@@ -223,7 +225,8 @@ class PodAttribution:
 
     def _failed(self, err: PodResourcesError) -> None:
         self._telemetry.add(REFRESHES, 1, {"outcome": err.kind.value})
-        level = logging.DEBUG if err.kind is self._failure else logging.WARNING
+        level = logging.DEBUG if err.kind in self._warned else logging.WARNING
+        self._warned.add(err.kind)
         self._log.log(level, "pod attribution: %s", err)
         self._failure = err.kind
         self._ask_allocatable = True  # a new connection: ask again once
