@@ -1,3 +1,7 @@
+// The Go side of tests/kubernetes: the fake kubelet (fakekubelet/, the upstream generated
+// pod-resources server) and the strict decode of the chart's rendered objects (manifests/).
+// Tidy with `go mod tidy -e`: a test-only dependency of k8sattributesprocessor v1.0.0
+// (pkg/semconvtest v0.161.0) is not served by the Go module proxy.
 module github.com/gpumetrics/gpumetrics/tests/kubernetes
 
 go 1.26.0
