@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-generated=(receiver/gpumetrics/v1 receiver/gpumetrics/processcontext)
+generated=(receiver/gpumetrics/v1 receiver/gpumetrics/processcontext receiver/gpumetrics/kubernetes/podresources/v1)
 for dir in "${generated[@]}"; do
   mkdir -p "$tmp/before/$dir"
   cp -r "$dir/." "$tmp/before/$dir"

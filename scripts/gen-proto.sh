@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Regenerates the Python code for our .proto files:
+# Regenerates the Python code for the .proto files under proto/:
 #   proto/gpumetrics/v1/*.proto                -> receiver/gpumetrics/v1/ (messages and gRPC stubs)
+#   proto/gpumetrics/kubernetes/podresources/v1/*.proto -> receiver/gpumetrics/kubernetes/podresources/v1/
+#     (the kubelet's pod-resources API, the messages the sidecar reads)
 #   proto/gpumetrics/processcontext/v1/*.proto -> receiver/gpumetrics/processcontext/v1/ (OTEP 4719
 #     payload; it imports OTLP messages, whose descriptors come from the opentelemetry-proto wheel,
 #     scripts/otlp_descriptors.py)
@@ -12,13 +14,17 @@ PY=${PYTHON:-python}
 out=receiver
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-rm -f receiver/gpumetrics/v1/*_pb2*.py receiver/gpumetrics/processcontext/v1/*_pb2*.py
-"$PY" -m grpc_tools.protoc -Iproto \
-  --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" \
-  proto/gpumetrics/v1/*.proto
+for pkg in gpumetrics/v1 gpumetrics/kubernetes/podresources/v1; do
+  rm -f "receiver/$pkg"/*_pb2*.py "receiver/$pkg"/*_pb2.pyi
+  "$PY" -m grpc_tools.protoc -Iproto \
+    --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" \
+    "proto/$pkg"/*.proto
+  touch "receiver/$pkg/__init__.py"
+done
+touch receiver/gpumetrics/kubernetes/podresources/__init__.py
+rm -f receiver/gpumetrics/processcontext/v1/*_pb2*.py
 "$PY" scripts/otlp_descriptors.py "$tmp/otlp.binpb"
 "$PY" -m grpc_tools.protoc -Iproto --descriptor_set_in="$tmp/otlp.binpb" \
   --python_out="$out" --pyi_out="$out" \
   proto/gpumetrics/processcontext/v1/*.proto
-touch receiver/gpumetrics/v1/__init__.py
 touch receiver/gpumetrics/processcontext/__init__.py receiver/gpumetrics/processcontext/v1/__init__.py

@@ -11,7 +11,8 @@
 #   3. the Go receiver: collector/scripts/test.sh (gofmt, hadolint, go vet, go test); then the
 #      relabel test vectors computed by Prometheus' own model/relabel (tests/relabeloracle);
 #   4. static validation of docker-compose.yaml, the Dockerfiles and collector-config/
-#      (scripts/validate-compose.sh);
+#      (scripts/validate-compose.sh), and of the Helm chart and deploy/manifests/ (helm lint,
+#      manifests fresh, strict decode into the Kubernetes API types: scripts/check-kubernetes.sh);
 #   5. the end-to-end tests (pytest -m e2e): builds the otelcol-gpumetrics distribution with the
 #      Collector Builder (collector/scripts/build-otelcol.sh, cached by hash), then runs the real
 #      Collector against the real sidecar (docs/e2e.md).
@@ -142,6 +143,7 @@ stage "oldest nvidia-ml-py ($NVML_OLDEST)" oldest_nvml
 stage "go receiver" go_receiver
 stage "relabel vectors vs Prometheus (Go)" relabel_oracle
 stage "compose and configuration (static)" ./scripts/validate-compose.sh
+stage "kubernetes (helm lint, manifests fresh, strict decode)" ./scripts/check-kubernetes.sh
 if [ -n "${GPUMETRICS_SKIP_E2E:-}" ]; then
   skip "build otelcol-gpumetrics" "GPUMETRICS_SKIP_E2E is set"
   skip "end-to-end tests" "GPUMETRICS_SKIP_E2E is set"

@@ -95,6 +95,19 @@ GPUMETRICS_RELABEL_CONFIG = "GPUMETRICS_RELABEL_CONFIG"
 """``identity.relabel_config``: YAML file of relabel rules. Default: none.
 Example: ``/etc/gpumetrics/relabel.yaml``."""
 
+GPUMETRICS_POD_ATTRIBUTION = "GPUMETRICS_POD_ATTRIBUTION"
+"""``kubernetes.pod_attribution``: put the pod holding a GPU on its device metrics, from the
+kubelet's pod-resources API (``true``/``false``). Default: on in Kubernetes. Example: ``true``."""
+
+GPUMETRICS_POD_RESOURCES_SOCKET = "GPUMETRICS_POD_RESOURCES_SOCKET"
+"""``kubernetes.pod_resources_socket``: the kubelet's pod-resources socket.
+Default: ``/var/lib/kubelet/pod-resources/kubelet.sock``.
+Example: ``/host/pod-resources/kubelet.sock``."""
+
+GPUMETRICS_KUBERNETES_GPU_ID_TYPE = "GPUMETRICS_KUBERNETES_GPU_ID_TYPE"
+"""``kubernetes.gpu_id_type``: device-plugin id formats that name GPUs, ``auto``, ``uuid`` or
+``device-name``. Default: ``auto``. Example: ``device-name``."""
+
 GPUMETRICS_STORE_MAX_BYTES = "GPUMETRICS_STORE_MAX_BYTES"
 """``store.max_bytes``: bytes of serialized OTLP held. Default: ``100663296`` (96 MiB).
 Example: ``33554432``."""
@@ -183,6 +196,9 @@ ENV_BINDINGS: tuple[EnvBinding, ...] = (
     EnvBinding(GPUMETRICS_IDENTITY_MODE, "identity.mode"),
     EnvBinding(GPUMETRICS_INCLUDE_ENV_VARS, "identity.include_env_vars", EnvKind.LIST),
     EnvBinding(GPUMETRICS_RELABEL_CONFIG, "identity.relabel_config"),
+    EnvBinding(GPUMETRICS_POD_ATTRIBUTION, "kubernetes.pod_attribution"),
+    EnvBinding(GPUMETRICS_POD_RESOURCES_SOCKET, "kubernetes.pod_resources_socket"),
+    EnvBinding(GPUMETRICS_KUBERNETES_GPU_ID_TYPE, "kubernetes.gpu_id_type"),
     EnvBinding(GPUMETRICS_STORE_MAX_BYTES, "store.max_bytes"),
     EnvBinding(GPUMETRICS_STORE_MAX_DATA_POINTS, "store.max_data_points"),
     EnvBinding(GPUMETRICS_STORE_MAX_AGE_S, "store.max_age_s"),

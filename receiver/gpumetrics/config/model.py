@@ -7,6 +7,7 @@ Sections and who defines them:
 * ``collection``: :class:`gpumetrics.nvml.settings.CollectionSettings`;
 * ``identity``: :class:`IdentitySettings` (procfs root, node, relabel rules, declared-store limits);
 * ``push``: :class:`gpumetrics.service.push.PushSettings`;
+* ``kubernetes``: :class:`gpumetrics.kubernetes.settings.KubernetesSettings` (pod attribution);
 * ``runtime``, ``plugin``, ``log``: defined here.
 
 Every model forbids unknown keys. :func:`default_config` is the one factory of defaults;
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gpumetrics.identity.declared import DeclaredStore
 from gpumetrics.identity.modes import IdentityMode, validate_env_var_names
+from gpumetrics.kubernetes.settings import KubernetesSettings
 from gpumetrics.nvml.settings import CollectionSettings
 from gpumetrics.service.push import PushSettings
 from gpumetrics.service.settings import ServerSettings
@@ -256,6 +258,7 @@ class SidecarConfig(BaseModel):
     collection: CollectionSettings = Field(default_factory=lambda: CollectionSettings())
     identity: IdentitySettings = Field(default_factory=lambda: IdentitySettings())
     push: PushSettings = Field(default_factory=lambda: PushSettings())
+    kubernetes: KubernetesSettings = Field(default_factory=lambda: KubernetesSettings())
     runtime: RuntimeSettings = Field(default_factory=lambda: RuntimeSettings())
     plugin: PluginSettings = Field(default_factory=lambda: PluginSettings())
     log: LogSettings = Field(default_factory=lambda: LogSettings())

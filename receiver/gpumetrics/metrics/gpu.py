@@ -36,6 +36,9 @@ class GPU:
         parent_uuid: the physical GPU's UUID for a MIG instance, else None.
         gpu_instance_id: MIG GPU-instance id, or None.
         compute_instance_id: MIG compute-instance id, or None.
+        minor_number: the ``/dev/nvidia<minor>`` device node of a physical GPU
+            (``nvmlDeviceGetMinorNumber``), or None when unread; not emitted, it matches the
+            ``nvidia<minor>`` device ids of GKE's device plugin (``gpumetrics.kubernetes``).
 
     """
 
@@ -50,6 +53,7 @@ class GPU:
     parent_uuid: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    minor_number: int | None = None
 
     def put_id_attrs(self, attrs: dict[str, Any]) -> dict[str, Any]:
         """Add ``hw.id`` (and ``hw.parent`` for a MIG instance) to ``attrs``; return ``attrs``."""

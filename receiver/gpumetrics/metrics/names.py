@@ -2,7 +2,7 @@
 
 Metric names mirror ``catalogue.yaml``; ``tests/unit/test_catalogue.py`` fails if the two drift.
 Attribute keys are the semantic conventions' (v1.44.0, ``model/hardware``, ``model/network``,
-``model/process``) where one exists, ``nvidia.*`` otherwise.
+``model/process``, ``model/k8s``) where one exists, ``nvidia.*`` otherwise.
 """
 
 ScopeName = "parca.nvidia_gpu_metrics"
@@ -29,6 +29,7 @@ MetricGPUPowerLimit = "nvidia.gpu.power.limit"
 MetricGPUClockSpeed = "nvidia.gpu.clock.speed"
 MetricGPUClockEventReason = "nvidia.gpu.clock.event_reason"
 MetricGPUPCIeThroughput = "nvidia.gpu.pcie.throughput"
+MetricGPUK8sAllocation = "nvidia.gpu.k8s.allocation"
 MetricProcessUtilization = "nvidia.gpu.process.utilization"
 MetricProcessMemoryCopyUtilization = "nvidia.gpu.process.memory_copy.utilization"
 MetricProcessMemoryUsage = "nvidia.gpu.process.memory.usage"
@@ -53,6 +54,13 @@ AttrMIGMode = "nvidia.gpu.mig.mode"
 AttrMIGGPUInstanceID = "nvidia.gpu.mig.gpu_instance.id"
 AttrMIGComputeInstanceID = "nvidia.gpu.mig.compute_instance.id"
 AttrProcessPID = "process.pid"
+AttrK8sNamespaceName = "k8s.namespace.name"
+AttrK8sPodName = "k8s.pod.name"
+AttrK8sContainerName = "k8s.container.name"
+AttrK8sShared = "nvidia.gpu.k8s.shared"
+"""True on device points of a GPU the kubelet allocated to more than one container."""
+AttrK8sResourceName = "nvidia.gpu.k8s.resource_name"
+"""The extended resource a GPU was allocated as (``nvidia.com/gpu``, ``nvidia.com/mig-1g.10gb``)."""
 
 # --- attribute values ---
 HwTypeGPU = "gpu"

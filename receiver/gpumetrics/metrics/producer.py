@@ -18,6 +18,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from gpumetrics.metrics import names
+from gpumetrics.metrics.attribution import DeviceAttribution
 from gpumetrics.metrics.buffer import MetricBuffer
 from gpumetrics.metrics.encode import AttributeCache, encode_attributes, encode_metric
 from gpumetrics.metrics.spec import MetricSpec, Scope, catalogue
@@ -89,6 +90,7 @@ class Producer:
         self._host = MetricBuffer(self._specs)
         self._processes: dict[int, MetricBuffer] = {}
         self._resourcer: ProcessResourcer | None = None
+        self._attribution: DeviceAttribution | None = None
 
     def enabled(self, name: str) -> bool:
         """Tell whether metric ``name`` is in the catalogue and not disabled by configuration."""
@@ -98,6 +100,19 @@ class Producer:
         """Use ``resourcer`` for process resources from the next ``produce`` (None: pid only)."""
         with self._lock:
             self._resourcer = resourcer
+
+    def set_device_attribution(self, attribution: DeviceAttribution | None) -> None:
+        """Give device points attributes from outside NVML (None: none); see ``attribution``.
+
+        The collector reads :attr:`device_attribution` once per cycle and applies it when it
+        builds each device's attributes (``gpumetrics.nvml``).
+        """
+        self._attribution = attribution
+
+    @property
+    def device_attribution(self) -> DeviceAttribution | None:
+        """The :class:`~gpumetrics.metrics.attribution.DeviceAttribution` in use, or None."""
+        return self._attribution
 
     def record_host(self, fn: Callable[[MetricBuffer], T]) -> T:
         """Run ``fn(host_buffer)`` under the lock and return its result."""

@@ -28,7 +28,7 @@ from gpumetrics.metrics.producer import Producer
 from gpumetrics.nvml.calls import DeviceCalls, DeviceLost, LibraryDown
 from gpumetrics.nvml.commit import commit, publish_devices, with_instances
 from gpumetrics.nvml.context import Context, Points, Tick, read_pid_max
-from gpumetrics.nvml.device import Device, discover
+from gpumetrics.nvml.device import Device, annotate, discover
 from gpumetrics.nvml.library import Session
 from gpumetrics.nvml.query import QueryError
 from gpumetrics.nvml.samples import TimeBase, boot_time_ns
@@ -257,6 +257,9 @@ class Collector:
                 return CycleReport(False, s.reason)
             self._count_init_errors()
         ctx = self._ctx
+        attribution = self._producer.device_attribution
+        if attribution is not None:  # from memory; a MIG instance found mid-tick waits a cycle
+            annotate(attribution, self._all_devices(), self._log)
         now_ns, mono_ns = ctx.clock_ns(), ctx.monotonic_ns()
         jobs: dict[str, Job] = {}
         ticks: dict[str, Tick] = {}

@@ -3,8 +3,10 @@
 A cycle's points are gathered per device (see :mod:`gpumetrics.nvml.context`) and committed
 here in one ``record_host`` call plus one ``record_process`` call per pid, together with
 ``hw.status`` for every device (every state, 1 for the current; semantic conventions
-``metric.hw.gpu.status``). ``MetricBuffer.add`` is the last guard: a point it refuses is counted
-as ``gpumetrics.values.dropped{reason=invalid_point}`` instead of failing the cycle.
+``metric.hw.gpu.status``), and ``nvidia.gpu.k8s.allocation`` for every holder of a device (its
+annotation, :mod:`gpumetrics.metrics.attribution`). ``MetricBuffer.add`` is the last guard: a
+point it refuses is counted as ``gpumetrics.values.dropped{reason=invalid_point}`` instead of
+failing the cycle.
 """
 
 from __future__ import annotations
@@ -50,6 +52,15 @@ def status_points(devices: Iterable[Device], now_ns: int) -> list[HostPoint]:
     return out
 
 
+def allocation_points(devices: Iterable[Device], now_ns: int) -> list[HostPoint]:
+    """``nvidia.gpu.k8s.allocation`` for every holder of every device (identity attributes)."""
+    return [
+        (names.MetricGPUK8sAllocation, value, now_ns, d.id_attrs + attrs, 0)
+        for d in devices
+        for attrs, value in d.annotation.allocations
+    ]
+
+
 class _Adder:
     """Adds rows to a buffer, counting the points the model refuses."""
 
@@ -83,7 +94,12 @@ def commit(
     for p in points.processes:
         by_pid.setdefault(p[0], []).append(p[1:])
     adder = _Adder()
-    n = producer.record_host(adder.rows([*status_points(all_devices, now_ns), *points.host]))
+    host = [
+        *status_points(all_devices, now_ns),
+        *allocation_points(all_devices, now_ns),
+        *points.host,
+    ]
+    n = producer.record_host(adder.rows(host))
     for pid, rows in by_pid.items():
         n += producer.record_process(pid, adder.rows(rows))
     if adder.refused:

@@ -20,13 +20,16 @@ memory and processes are read per instance, never on the parent, so nothing is c
 
 from __future__ import annotations
 
+import logging
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
 
 from gpumetrics.metrics import names
+from gpumetrics.metrics.attribution import NO_ANNOTATION, DeviceAnnotation, DeviceAttribution
 from gpumetrics.metrics.buffer import Attributes
 from gpumetrics.metrics.gpu import GPU
 from gpumetrics.nvml.calls import DeviceCalls, DeviceLost
@@ -76,8 +79,11 @@ class Device:
         slot: the MIG slot of an instance.
         mig_mode: ``enabled`` / ``disabled`` for GPUs that support MIG, else None.
         instances: MIG instances by slot (physical GPUs with MIG enabled).
-        attrs: attributes of device points (every known ``hw.*`` attribute, MIG mode/ids).
+        attrs: attributes of device points (every known ``hw.*`` attribute, MIG mode/ids, then
+            the annotation's attributes, e.g. the pod holding the GPU).
         id_attrs: attributes of per-process points (``hw.id``, ``hw.parent``, MIG ids).
+        annotation: what a :class:`DeviceAttribution` says about the device (see
+            :func:`annotate`).
         start_ns: when the device was first seen (start of its UpDownCounter series).
         cursors: sample-buffer cursors, in the driver's clock domain.
         memory_total_bytes: the last memory total read (validates per-process memory).
@@ -98,6 +104,7 @@ class Device:
     instances: dict[int, Device] = field(default_factory=dict)
     attrs: Attributes = ()
     id_attrs: Attributes = ()
+    annotation: DeviceAnnotation = NO_ANNOTATION
     cursors: Cursors = field(default_factory=Cursors)
     memory_total_bytes: int | None = None
     state: dict[str, Any] = field(default_factory=dict)
@@ -130,8 +137,29 @@ class Device:
             if value is not None:
                 attrs[key] = value
                 ids[key] = value
+        for key, value in self.annotation.attributes:
+            attrs.setdefault(key, value)  # never over the GPU's own attributes
         self.attrs = tuple(attrs.items())
         self.id_attrs = tuple(ids.items())
+
+
+def annotate(source: DeviceAttribution, devices: Iterable[Device], log: logging.Logger) -> None:
+    """Apply ``source``'s annotations to ``devices`` (physical GPUs and MIG instances).
+
+    A device whose annotation changed gets its attributes rebuilt; the others keep theirs. An
+    exception from ``source`` is logged and changes nothing: attribution never fails a cycle.
+    """
+    devs = list(devices)
+    try:
+        notes = source.annotate([d.gpu for d in devs])
+    except Exception:  # noqa: BLE001 - outside data must not stop collection
+        log.exception("device attribution failed; device attributes left as they were")
+        return
+    for dev in devs:
+        note = notes.get(dev.uuid, NO_ANNOTATION)
+        if note != dev.annotation:
+            dev.annotation = note
+            dev.refresh_attrs()
 
 
 def new_device(
@@ -192,6 +220,12 @@ def read_physical(ctx: Context, calls: DeviceCalls, handle: Any, index: int, now
     vbios = None
     if c.enabled("nvmlDeviceGetVbiosVersion"):
         vbios = _text(c, "nvmlDeviceGetVbiosVersion", pynvml.nvmlDeviceGetVbiosVersion, handle)
+    minor = c.get(
+        "nvmlDeviceGetMinorNumber",
+        "nvmlDeviceGetMinorNumber",
+        pynvml.nvmlDeviceGetMinorNumber,
+        handle,
+    )
     dev.gpu = GPU(
         uuid=gpu.uuid,
         index=index,
@@ -200,6 +234,7 @@ def read_physical(ctx: Context, calls: DeviceCalls, handle: Any, index: int, now
         serial_number=serial,
         driver_version=ctx.session.driver_version,
         firmware_version=vbios,
+        minor_number=_small_int(minor, MAX_MINOR_NUMBER),
     )
     mode = c.get(
         "nvmlDeviceGetMigMode", "nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, handle
@@ -298,11 +333,19 @@ MAX_MIG_ID = 64
 """MIG GPU/compute-instance ids are small (at most 7 GPU instances per GPU on current parts)."""
 
 
-def _small_id(value: Any) -> int | None:
+MAX_MINOR_NUMBER = 255
+"""``/dev/nvidia<minor>`` minors are 0-254 (255 is the control device, ``/dev/nvidiactl``)."""
+
+
+def _small_int(value: Any, limit: int) -> int | None:
     if value is None:
         return None
     v = int(value)
-    return v if 0 <= v < MAX_MIG_ID else None
+    return v if 0 <= v < limit else None
+
+
+def _small_id(value: Any) -> int | None:
+    return _small_int(value, MAX_MIG_ID)
 
 
 def discover(ctx: Context, system: DeviceCalls, known: dict[str, Device]) -> list[Device]:

@@ -1,13 +1,15 @@
 """The sidecar runtime: builds and wires collector → producer → batcher → store → server (+ push).
 
 Start order (``docs/architecture.md``, runtime contracts): the simulated driver is installed
-first when asked; then the server starts listening (health ``""`` NOT_SERVING), the collector
-starts (NVML init retried in the background), the batcher starts, and push starts. Health turns
+first when asked; then the server starts listening (health ``""`` NOT_SERVING), pod attribution
+starts reading the kubelet (when on, ``docs/kubernetes.md``), the collector starts (NVML init
+retried in the background), the batcher starts, and push starts. Health turns
 SERVING after the first batch that follows ``Collector.ready``.
 
 Shutdown order (:meth:`Sidecar.shutdown`), all inside one time budget: health NOT_SERVING and the
 server stops accepting (calls in flight get a short grace); the batcher stops; the collector
-stops (its workers are joined before it calls ``nvmlShutdown``, exactly once); one last batch
+stops (its workers are joined before it calls ``nvmlShutdown``, exactly once); pod attribution
+stops; one last batch
 takes what was recorded since; push flushes it; done.
 """
 
@@ -30,6 +32,7 @@ from gpumetrics.identity import (
     load_relabel_configs,
     new_process_resourcer,
 )
+from gpumetrics.kubernetes import PodAttribution
 from gpumetrics.metrics import Producer
 from gpumetrics.nvml.context import DEFAULT_PID_MAX
 from gpumetrics.runtime.batcher import Batcher
@@ -93,6 +96,7 @@ class SidecarParts:
     collector: CollectorLike
     batcher: Batcher
     push: PushExporter | None
+    attribution: PodAttribution | None = None
 
 
 def _simulated_node_config(config: SidecarConfig) -> SidecarConfig:
@@ -226,6 +230,10 @@ class Sidecar:
             self_telemetry=telemetry,
         )
         producer.set_process_resourcer(resourcer)
+        attribution = None
+        if config.kubernetes.enabled(in_k8s):
+            attribution = PodAttribution(config.kubernetes, telemetry)
+            producer.set_device_attribution(attribution)
         store = BatchStore(config.store.limits(), telemetry=telemetry)
         try:
             server = SidecarServer(server_settings, store, declared, health, telemetry)
@@ -242,7 +250,16 @@ class Sidecar:
         )
         push = _push_exporter(store, config, telemetry) if config.push.endpoint else None
         return SidecarParts(
-            telemetry, health, producer, store, declared, server, collector, batcher, push
+            telemetry,
+            health,
+            producer,
+            store,
+            declared,
+            server,
+            collector,
+            batcher,
+            push,
+            attribution,
         )
 
     def start(self) -> None:
@@ -258,6 +275,8 @@ class Sidecar:
             p.server.start()
         except (SettingError, ListenError) as exc:
             raise ConfigError.setting(f"server.{exc.setting}", exc.reason) from None
+        if p.attribution is not None:  # the first batch should already carry pods
+            p.attribution.start(wait_first_s=self.config.kubernetes.timeout_s)
         p.collector.start()
         p.batcher.start()
         if p.push is not None:
@@ -355,6 +374,8 @@ class Sidecar:
         p.server.stop(grace=min(1.0, left(0.2)))
         clean = p.batcher.stop(left(0.2))
         p.collector.stop(left(0.5))
+        if p.attribution is not None:
+            p.attribution.stop(min(1.0, left(0.2)))
         try:
             p.batcher.run_once()
         except Exception:  # noqa: BLE001 - the last batch is best effort; keep shutting down

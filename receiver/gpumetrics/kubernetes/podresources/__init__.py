@@ -1,0 +1,1 @@
+"""The kubelet's pod-resources API messages (generated code in :mod:`.v1`)."""

@@ -1,0 +1,157 @@
+"""The pod-resources client against the upstream generated server (the fake kubelet)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from gpumetrics.kubernetes import Failure, PodResourcesClient, PodResourcesError
+
+from .fake import device, pod
+
+GPU0 = "GPU-00000000-0000-4000-8000-000000000000"
+
+
+def client(kubelet, timeout_s=5.0, max_bytes=1 << 20):
+    return PodResourcesClient(str(kubelet.socket), timeout_s, max_bytes)
+
+
+def test_list_decodes_the_upstream_answer_and_skips_fields_it_does_not_define(fake_kubelet):
+    train = pod("ml", "train-0", {"trainer": [device("nvidia.com/gpu", GPU0)]})
+    # Fields the sidecar's .proto leaves out: topology, cpu_ids, memory, dynamic resources.
+    train["containers"][0]["devices"][0]["topology"] = {"nodes": [{"ID": 1}]}
+    train["containers"][0]["cpu_ids"] = [4, 5]
+    train["containers"][0]["memory"] = [{"memory_type": "memory", "size": 1 << 30}]
+    train["containers"][0]["dynamic_resources"] = [
+        {
+            "claim_name": "gpu-claim",
+            "claim_namespace": "ml",
+            "claim_resources": [
+                {
+                    "driver_name": "gpu.nvidia.com",
+                    "pool_name": "node-1",
+                    "device_name": "gpu-0",
+                    "cdi_devices": [{"name": "nvidia.com/gpu=0"}],
+                }
+            ],
+        }
+    ]
+    train["containers"].append({"name": "sidecar", "devices": []})
+    kubelet = fake_kubelet(
+        pods=[train, pod("kube-system", "dns", {"coredns": []})],
+        allocatable=[device("nvidia.com/gpu", GPU0, "GPU-1"), device("example.com/nic", "eth1")],
+    )
+    c = client(kubelet)
+    try:
+        listing = c.list()
+        allocatable = c.allocatable()
+    finally:
+        c.close()
+    assert [(p.namespace, p.name) for p in listing.pod_resources] == [
+        ("ml", "train-0"),
+        ("kube-system", "dns"),
+    ]
+    trainer, sidecar = listing.pod_resources[0].containers
+    assert (trainer.name, sidecar.name) == ("trainer", "sidecar")
+    assert [(d.resource_name, list(d.device_ids)) for d in trainer.devices] == [
+        ("nvidia.com/gpu", [GPU0])
+    ]
+    assert list(sidecar.devices) == []
+    assert [(d.resource_name, list(d.device_ids)) for d in allocatable.devices] == [
+        ("nvidia.com/gpu", [GPU0, "GPU-1"]),
+        ("example.com/nic", ["eth1"]),
+    ]
+
+
+def test_missing_socket_says_to_mount_the_directory(short_dir):
+    c = PodResourcesClient(str(short_dir / "absent" / "kubelet.sock"), 2.0, 1 << 20)
+    with pytest.raises(PodResourcesError) as err:
+        c.list()
+    assert err.value.kind is Failure.SOCKET_MISSING
+    assert "does not exist" in str(err.value) and "/var/lib/kubelet/pod-resources" in str(err.value)
+
+
+def test_a_socket_nobody_listens_on_is_unavailable(short_dir):
+    import socket
+
+    path = short_dir / "stale.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    s.close()  # the file stays, nobody listens: what a kubelet restart leaves for a moment
+    with pytest.raises(PodResourcesError) as err:
+        PodResourcesClient(str(path), 2.0, 1 << 20).list()
+    assert err.value.kind is Failure.UNAVAILABLE
+
+
+PERMISSION_CHILD = """
+import os, sys
+from gpumetrics.kubernetes import PodResourcesClient, PodResourcesError
+os.setgroups([]); os.setgid(65534); os.setuid(65534)  # after the imports: nobody may not read them
+try:
+    PodResourcesClient(sys.argv[1], 5.0, 1 << 20).list()
+except PodResourcesError as err:
+    print(err.kind.value); print(err)
+else:
+    print("ok")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the client as another user")
+def test_a_socket_owned_by_root_is_permission_denied_for_another_user(fake_kubelet):
+    kubelet = fake_kubelet(pods=[], socket_mode="0660")
+    os.chmod(kubelet.directory, 0o755)
+    os.chmod(kubelet.directory.parent, 0o755)
+    done = subprocess.run(
+        [sys.executable, "-c", PERMISSION_CHILD, str(kubelet.socket)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    kind, message = done.stdout.splitlines()[:2]
+    assert kind == "permission_denied"
+    assert "permission denied" in message and "uid 0" in message
+
+
+def test_a_hanging_kubelet_ends_at_the_deadline(fake_kubelet):
+    kubelet = fake_kubelet(pods=[])
+    kubelet.set(hang=True)
+    with pytest.raises(PodResourcesError) as err:
+        client(kubelet, timeout_s=0.5).list()
+    assert err.value.kind is Failure.DEADLINE_EXCEEDED
+    assert "kubernetes.timeout_s" in str(err.value)
+
+
+def test_an_answer_over_the_limit_is_refused_naming_the_setting(fake_kubelet):
+    many = [
+        pod("ml", f"p{i}", {"c": [device("nvidia.com/gpu", f"GPU-{i:08d}")]}) for i in range(400)
+    ]
+    kubelet = fake_kubelet(pods=many)
+    with pytest.raises(PodResourcesError) as err:
+        client(kubelet, max_bytes=4096).list()
+    assert err.value.kind is Failure.RESPONSE_TOO_LARGE
+    assert "kubernetes.max_response_bytes" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [(12, Failure.UNIMPLEMENTED), (8, Failure.RATE_LIMITED), (13, Failure.ERROR)],
+)
+def test_status_codes_are_classified(fake_kubelet, code, kind):
+    kubelet = fake_kubelet(pods=[])
+    kubelet.set(error_code=code)
+    with pytest.raises(PodResourcesError) as err:
+        client(kubelet).list()
+    assert err.value.kind is kind
+
+
+def test_allocatable_unimplemented_on_old_kubelets(fake_kubelet):
+    kubelet = fake_kubelet(pods=[])
+    kubelet.set(allocatable_unimplemented=True)
+    c = client(kubelet)
+    assert list(c.list().pod_resources) == []
+    with pytest.raises(PodResourcesError) as err:
+        c.allocatable()
+    assert err.value.kind is Failure.UNIMPLEMENTED
