@@ -21,7 +21,8 @@ from typing import Any
 from .harness import REPO
 
 RECORDED = REPO / "collector/exporter/gpumetricsexporter/testdata/ebpf-profiler/profiles.jsonl"
-# The recorded process whose profile is reused (testdata/ebpf-profiler/README.md).
+# The recorded process whose profile is reused
+# (collector/exporter/gpumetricsexporter/testdata/ebpf-profiler/README.md).
 RECORDED_PID = 9542
 PROFILES_PATH = "/v1development/profiles"  # the OTLP/HTTP receiver's profiles path
 
