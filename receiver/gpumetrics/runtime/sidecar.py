@@ -3,7 +3,9 @@
 Start order (``docs/architecture.md``, runtime contracts): the simulated driver is installed
 first when asked; then the server starts listening (health ``""`` NOT_SERVING), the collector
 starts (NVML init retried in the background), the batcher starts, and push starts. Health turns
-SERVING after the first batch that follows ``Collector.ready``.
+SERVING after the first batch that follows ``Collector.ready``; after each batch the NVML
+liveness gate (``runtime.liveness``) turns ``""`` and the pull service NOT_SERVING while NVML
+has been down longer than ``runtime.unhealthy_after_nvml_down_s``.
 
 Shutdown order (:meth:`Sidecar.shutdown`), all inside one time budget: health NOT_SERVING and the
 server stops accepting (calls in flight get a short grace); the batcher stops; the collector
@@ -33,6 +35,7 @@ from gpumetrics.identity import (
 from gpumetrics.metrics import Producer
 from gpumetrics.nvml.context import DEFAULT_PID_MAX
 from gpumetrics.runtime.batcher import Batcher
+from gpumetrics.runtime.liveness import NvmlLiveness
 from gpumetrics.runtime.simulation import install_simulation, uninstall_simulation
 from gpumetrics.selftelemetry import Telemetry
 from gpumetrics.service import ServerSettings, SidecarHealth, SidecarServer
@@ -48,7 +51,9 @@ class CollectorLike(Protocol):
     """What the runtime needs of ``gpumetrics.nvml.collector.Collector``.
 
     Optionally also ``exit_requested: threading.Event`` and ``exit_code: int | None``: the
-    collector asks the process to exit non-zero (NVML library/driver mismatch, F12).
+    collector asks the process to exit non-zero (NVML library/driver mismatch, F12); and
+    ``nvml_down_s() -> float | None`` / ``nvml_reason``: how long NVML has been down, which
+    health follows (``runtime.liveness``, F32).
     """
 
     ready: threading.Event
@@ -203,6 +208,7 @@ class Sidecar:
         store = BatchStore(config.store.limits(), telemetry=telemetry)
         server = SidecarServer(server_settings, store, declared, health, telemetry)
         collector = collector_factory(producer, config.collection, telemetry)
+        liveness = NvmlLiveness(collector, health, config.runtime.unhealthy_after_nvml_down_s)
         batcher = Batcher(
             producer,
             store,
@@ -210,6 +216,7 @@ class Sidecar:
             collector.ready,
             health.mark_ready,
             batch_wait,
+            after_batch=liveness.check,
         )
         push = (
             PushExporter(store, config.push, telemetry=telemetry) if config.push.endpoint else None
