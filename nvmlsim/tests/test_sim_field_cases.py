@@ -1,5 +1,6 @@
 """Each field case F01-F26 (README, "Field-case scenarios"): its scenario file loads and
-produces the case's trigger through the real nvidia-ml-py functions."""
+produces the case's trigger through the real nvidia-ml-py functions (F27-F32:
+``test_sim_field_reports.py``)."""
 
 from __future__ import annotations
 

@@ -218,6 +218,7 @@ def test_builtin_profiles_load_and_default_exists():
         "gb10",
         "vgpu-l40-16q",
         "old-driver-v100",
+        "jetson-orin",
     } <= set(names)
     assert sim.DEFAULT_PROFILE in names
     for name in names:
@@ -230,7 +231,7 @@ def test_builtin_profiles_load_and_default_exists():
 def test_every_field_case_has_a_loadable_scenario(scenarios_dir: Path):
     files = sorted(scenarios_dir.glob("F*.yaml"))
     cases = {f.name[:3] for f in files}
-    assert cases == {f"F{n:02d}" for n in range(1, 27)}
+    assert cases == {f"F{n:02d}" for n in range(1, 33)}
     for f in files:
         scn = sim.load_scenario(f)
         assert scn.name == f.stem

@@ -28,6 +28,10 @@ class Clock(Protocol):
     ``now_us()`` returns the current time in integer microseconds since the Unix epoch.
     ``sleep(seconds)`` lets injected latency pass (a manual clock advances itself instead of
     blocking). ``manual`` says whether tests step it explicitly.
+
+    A clock may also define ``boot_time_us() -> int``: when the host booted, in µs since the
+    epoch. The driver then uses it as the origin of its boot clock (``driver.sample_clock:
+    boot``) instead of ``clock.uptime_s`` before install, as :class:`WallClock` does.
     """
 
     manual: bool
@@ -102,6 +106,16 @@ class WallClock:
     def now_us(self) -> int:
         """Return the real time, integer µs since the Unix epoch."""
         return time.time_ns() // 1000
+
+    def boot_time_us(self) -> int:
+        """When this host booted, µs since the epoch: wall clock minus ``CLOCK_BOOTTIME``.
+
+        A real driver that counts sample timestamps from boot counts from the host's boot, so
+        the simulated one must too under the wall clock (field case F31); ``CLOCK_MONOTONIC``
+        stands in where ``CLOCK_BOOTTIME`` does not exist (not Linux).
+        """
+        clock = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+        return (time.time_ns() - time.clock_gettime_ns(clock)) // 1000
 
     def sleep(self, seconds: float) -> None:
         """Block the calling thread for ``seconds`` (injected latency)."""

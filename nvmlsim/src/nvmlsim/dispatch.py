@@ -5,11 +5,13 @@ codes; nvidia-ml-py's ``pynvml.py`` for how each code surfaces):
 
 1. after ``uninstall``: UNINITIALIZED; due scenario events are applied;
 2. the call is counted per (symbol, device index);
-3. library state: access revoked (UNKNOWN), upgraded driver (its code), not initialised
-   (UNINITIALIZED) -- except for the calls allowed before init;
+3. library state: access revoked (UNKNOWN; ``nvmlShutdown`` still releases the caller's
+   reference), upgraded driver (its code), not initialised (UNINITIALIZED) -- except for the
+   calls allowed before init;
 4. faults: latency (PCIe's built-in window included) and hangs pass *outside* the lock,
    then an injected code is returned;
-5. the handle: unknown/NULL (INVALID_ARGUMENT, a violation), stale (its code), lost GPU
+5. the handle: unknown/NULL (INVALID_ARGUMENT and a violation; with ``driver.invalid_handle:
+   abort`` the process aborts, as the real library crashes), stale (its code), lost GPU
    (GPU_IS_LOST), MIG handle where only a GPU is accepted (the symbol's ``mig_code``);
 6. the handler writes the outputs under the lock.
 
@@ -20,6 +22,8 @@ bug can never turn into a silent SUCCESS.
 from __future__ import annotations
 
 import ctypes
+import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +62,8 @@ def _handle_error(drv: SimDriver, sym: Symbol, target: Any, entry: Any) -> int |
         return None
     if entry is None:
         drv.violation("invalid_handle", sym.name, "NULL or unknown device handle")
+        if drv.scenario.driver.invalid_handle == "abort":
+            _abort(sym.name)
         return codes.INVALID_ARGUMENT
     if entry.stale_code is not None:
         return int(entry.stale_code)
@@ -67,6 +73,16 @@ def _handle_error(drv: SimDriver, sym: Symbol, target: Any, entry: Any) -> int |
     if sym.target == "device" and isinstance(target, MigState):
         return sym.mig_code
     return None
+
+
+def _abort(name: str) -> None:
+    """End the process as the real library does when it dereferences a bad handle."""
+    sys.stderr.write(
+        f"nvmlsim: {name} called with a NULL or never-issued device handle; aborting, as "
+        "libnvidia-ml would crash (driver.invalid_handle: abort)\n"
+    )
+    sys.stderr.flush()
+    os.abort()
 
 
 def _hold(drv: SimDriver, delta: int) -> None:
@@ -140,7 +156,7 @@ def _run(drv: SimDriver, sym: Symbol, args: tuple[Any, ...], trace: _Trace) -> i
         trace.key = (name, parent.index if isinstance(parent, DeviceState) else None)
         drv.counts[trace.key] += 1
         if sym.needs_init:
-            if drv.revoked:
+            if drv.revoked and name != "nvmlShutdown":
                 return codes.UNKNOWN
             if drv.upgraded_code is not None:
                 return drv.upgraded_code

@@ -90,7 +90,8 @@ class SimDriver:
         )
         self.pcie_window_s = spec.pcie_window_ms / 1000.0
         start = clock.now_us()
-        boot = start - round(scenario.clock.uptime_s * 1e6)
+        host_boot = getattr(clock, "boot_time_us", None)  # the wall clock: the host's boot (F31)
+        boot = host_boot() if callable(host_boot) else start - round(scenario.clock.uptime_s * 1e6)
         self.timeline = Timeline(start, round(scenario.clock.cycle_seconds * 1e6), boot)
         self.sample_origin_us = boot if spec.sample_clock == "boot" else 0
         self.world = World(scenario, self.timeline)

@@ -6,6 +6,17 @@ gpustat's notes), ``nvmlDeviceGetProcessesUtilizationInfo`` from ~R550,
 ``nvmlDeviceGetMemoryInfo_v2`` from ~R510, ``…ClocksEventReasons`` from R535 and
 ``nvmlDeviceGetTemperatureV`` from ~R570, plus the field cases F01–F06 (README).
 
+Cross-checked against NVIDIA's own binding of each branch: every nvidia-ml-py release is cut
+from one branch's ``nvml.h`` (release 11.495.46 from R495, 11.515.75 from R515, 12.560.30 from
+R560, 13.595.45 from R595, https://pypi.org/project/nvidia-ml-py/#history), and the C symbols
+its ``pynvml.py`` looks up (``_nvmlGetFunctionPointer("...")``) are the ones that branch's
+library exports for those wrappers. First release referencing each symbol we implement:
+``…MemoryInfo_v2`` and the ``…RunningProcesses_v3`` calls 11.515.75; ``…ConfComputeMemSizeInfo``,
+``…RunningProcessDetailList`` and ``…ClocksEventReasons`` 12.535.x; ``…ProcessesUtilizationInfo``
+12.550.x; ``…TemperatureV`` 12.570.86; nothing we implement was removed up to 13.615.71. (The
+``_v2`` process wrappers are missing from the 11.515–12.535 bindings only; the libraries of
+those branches still export the symbols, which is why F05's 535.98 could fall back to them.)
+
 A symbol missing from a profile is *absent from the simulated library object*, so
 nvidia-ml-py's ``getattr`` fails and it raises ``NVMLError_FunctionNotFound`` (or
 ``NVMLLibraryMismatchError`` from the unversioned process wrappers).
@@ -178,6 +189,21 @@ DRIVER_PROFILES: dict[str, DriverProfile] = {
             "`_v2` process symbols but no `_v3` (F04); no memory v2 (from ~R510)",
         ),
         _p(
+            "495",
+            "495.46",
+            11050,
+            set(_NEWER_THAN_470),
+            "as 470 (nvidia-ml-py 11.495.46): `_v2` process symbols, no `_v3`, no memory v2",
+        ),
+        _p(
+            "515",
+            "515.105.01",
+            11070,
+            _CONF_COMPUTE | _DETAIL_LIST | _EVENT_REASONS | _PROC_UTIL_INFO | _TEMP_V,
+            "memory v2 and `_v3` (24-byte records) arrive (nvidia-ml-py 11.515.75); "
+            "no ClocksEventReasons, no TemperatureV",
+        ),
+        _p(
             "525",
             "525.147.05",
             12000,
@@ -209,6 +235,14 @@ DRIVER_PROFILES: dict[str, DriverProfile] = {
             bad_version=25,
         ),
         _p(
+            "560",
+            "560.35.03",
+            12060,
+            set(_TEMP_V),
+            "as 550 (nvidia-ml-py 12.560.30): no TemperatureV",
+            bad_version=25,
+        ),
+        _p(
             "570",
             "570.172.08",
             12080,
@@ -222,6 +256,15 @@ DRIVER_PROFILES: dict[str, DriverProfile] = {
             13000,
             set(),
             "as 570 with a CUDA 13 driver version string",
+            bad_version=25,
+        ),
+        _p(
+            "595",
+            "595.45",
+            13020,
+            set(),
+            "every implemented symbol (nvidia-ml-py 13.595.45); the deprecated "
+            "ClocksThrottleReasons is still exported",
             bad_version=25,
         ),
     )

@@ -4,7 +4,8 @@
 (both through :mod:`nvmlsim.binding`, the only module that touches the binding's private
 attributes), so the next ``nvmlInit()`` runs the binding's own ``_LoadNvmlLibrary`` and
 receives the simulated library object instead of ``libnvidia-ml.so.1`` (or an ``OSError`` for
-the first ``driver.load_failures`` attempts, which the binding turns into
+the first ``driver.load_failures`` attempts, or for every attempt with
+``driver.library_present: false``, which the binding turns into
 ``NVMLError_LibraryNotFound``). The library object's attributes are ``CFUNCTYPE`` function
 pointers; a symbol missing from the driver profile is a missing attribute. No
 ``pynvml.nvmlDevice*``/``nvmlSystem*`` function is ever replaced.
@@ -64,11 +65,16 @@ class _Loader:
             drv.load_attempts += 1
             attempt = drv.load_attempts
             failures = drv.scenario.driver.load_failures
+            present = drv.scenario.driver.library_present
             closed = drv.closed
-        if closed or attempt <= failures:
+        if closed or not present or attempt <= failures:
+            why = (
+                "simulated: no NVIDIA driver on this machine"
+                if not present
+                else f"simulated load failure {attempt} of {failures}"
+            )
             raise OSError(
-                f"{name}: cannot open shared object file: No such file or directory "
-                f"(simulated load failure {attempt} of {failures})"
+                f"{name}: cannot open shared object file: No such file or directory ({why})"
             )
         return self.library
 

@@ -10,7 +10,7 @@ Subcommands:
     written there when the program ends (also on SIGTERM/SIGINT), for benchmarks.
 ``list [--field-cases]``
     The built-in profiles, one per line with their description; with ``--field-cases`` the
-    names of the field-case scenarios (F01-F26) instead.
+    names of the field-case scenarios (F01-F32) instead.
 ``validate FILE_OR_PROFILE...``
     Load each scenario; print ``ok`` or every problem by field path; exit 1 on any error.
 ``schema``

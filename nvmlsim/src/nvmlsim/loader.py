@@ -162,7 +162,7 @@ def list_profiles() -> list[str]:
 def list_field_cases() -> list[str]:
     """Names of the field-case scenarios (``nvmlsim/fieldcases/F01_...yaml``), sorted.
 
-    Each stages one failure real drivers and bindings show (F01-F26, listed in the README).
+    Each stages one failure real drivers and bindings show (F01-F32, listed in the README).
     """
     return _names(_FIELD_CASE_PACKAGE)
 

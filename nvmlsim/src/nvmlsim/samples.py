@@ -62,13 +62,13 @@ def device_samples(
     if buf is None or source is None:
         return codes.NOT_SUPPORTED, None, []
     origin = drv.sample_origin_us
-    period = buf.period_us
-    newest = (now_us - origin) // period
-    oldest = max(newest - buf.capacity + 1, last_seen // period + 1)
+    period, phase = buf.period_us, buf.phase_us
+    newest = (now_us - origin - phase) // period
+    oldest = max(newest - buf.capacity + 1, (last_seen - phase) // period + 1)
     timeline = drv.timeline
     out = []
     for k in range(oldest, newest + 1):
-        ts = k * period
+        ts = k * period + phase
         at = ts + origin
         value = evaluate(source, timeline.seconds(at), timeline.cycle(at))
         if buf.skip_zero and value == 0:

@@ -64,6 +64,10 @@ Default: unset (the real driver). Example: ``default``."""
 GPUMETRICS_BATCH_INTERVAL_S = "GPUMETRICS_BATCH_INTERVAL_S"
 """``runtime.batch_interval_s``: seconds between store batches. Default: ``10``. Example: ``5``."""
 
+GPUMETRICS_UNHEALTHY_AFTER_NVML_DOWN_S = "GPUMETRICS_UNHEALTHY_AFTER_NVML_DOWN_S"
+"""``runtime.unhealthy_after_nvml_down_s``: seconds without NVML before gRPC health (``""`` and
+the pull service) turns NOT_SERVING; 0 = never. Default: ``120``. Example: ``300``."""
+
 GPUMETRICS_COLLECTION_INTERVAL_S = "GPUMETRICS_COLLECTION_INTERVAL_S"
 """``collection.interval_s``: the fast NVML sampling cadence in seconds. Default: ``1``.
 Example: ``2``."""
@@ -188,6 +192,7 @@ ENV_BINDINGS: tuple[EnvBinding, ...] = (
     EnvBinding(GPUMETRICS_ALLOW_INSECURE_LISTEN, "server.allow_insecure_listen"),
     EnvBinding(GPUMETRICS_SIMULATE, "runtime.simulate"),
     EnvBinding(GPUMETRICS_BATCH_INTERVAL_S, "runtime.batch_interval_s"),
+    EnvBinding(GPUMETRICS_UNHEALTHY_AFTER_NVML_DOWN_S, "runtime.unhealthy_after_nvml_down_s"),
     EnvBinding(GPUMETRICS_COLLECTION_INTERVAL_S, "collection.interval_s"),
     EnvBinding(GPUMETRICS_DISABLED_METRICS, "collection.disabled_metrics", EnvKind.LIST),
     EnvBinding(GPUMETRICS_PROC_ROOT, "identity.proc_root"),

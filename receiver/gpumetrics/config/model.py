@@ -174,6 +174,11 @@ class RuntimeSettings(BaseModel):
         shutdown_timeout_s: the most a graceful shutdown may take (s) outside plugin mode.
         simulate: run on the simulated NVML driver: a built-in profile name or a scenario file
             path; ``default`` = the simulator's default profile; None = the real driver.
+        unhealthy_after_nvml_down_s: once NVML has stopped answering for this long (s), gRPC
+            health of ``""`` and the pull service turns NOT_SERVING, so a liveness probe
+            restarts the sidecar (a container that lost device access only recovers by a
+            restart, field case F32); SERVING again as soon as NVML answers. A release on
+            request (GPU reset) does not count. Default 120; 0 = health never follows NVML.
 
     """
 
@@ -182,6 +187,7 @@ class RuntimeSettings(BaseModel):
     batch_interval_s: float = Field(default=10.0, gt=0, le=3600)
     shutdown_timeout_s: float = Field(default=10.0, gt=0, le=600)
     simulate: str | None = None
+    unhealthy_after_nvml_down_s: float = Field(default=120.0, ge=0, le=86400)
 
     @field_validator("simulate")
     @classmethod

@@ -1,7 +1,7 @@
 """Per-device call gate: capability cache, error counting, log-once, in-flight tracking.
 
 Every NVML call a collector makes on a device goes through :meth:`DeviceCalls.query` (or
-:meth:`DeviceCalls.get`). The gate applies what the NVML field cases require (F01–F26, each
+:meth:`DeviceCalls.get`). The gate applies what the NVML field cases require (F01–F32, each
 with the public reports behind it, in ``nvmlsim/README.md``):
 
 - **Capability cache.** A call answering NOT_SUPPORTED, FUNCTION_NOT_FOUND (or
@@ -12,7 +12,9 @@ with the public reports behind it, in ``nvmlsim/README.md``):
   failing call. NOT_FOUND (no data right now) is not an error (F19).
 - **Log once.** One record per (device, function, kind) state change: INFO for a missing
   capability, DEBUG for a missing symbol that has a fallback, WARNING otherwise; a success after
-  a failure logs INFO once.
+  a failure logs INFO once. Capabilities found unsupported are logged when the tick ends
+  (:meth:`DeviceCalls.end_tick`): one INFO each, or, for a device whose tick read nothing at
+  all (Jetson, field case F30), one WARNING naming every source that answered NOT_SUPPORTED.
 - **Fatal kinds abort the device's tick:** ``gpu_lost`` raises :class:`DeviceLost`; a lifecycle
   code (UNINITIALIZED, DRIVER_NOT_LOADED, ...) raises :class:`LibraryDown`.
 - **Dropped values** (impossible readings) are counted in
@@ -30,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gpumetrics.nvml.query import ErrorKind, QueryError, query
+from gpumetrics.nvml.query import UNKNOWN_CODE, ErrorKind, QueryError, query
 from gpumetrics.selftelemetry import SelfTelemetry
 
 T = TypeVar("T")
@@ -70,6 +72,9 @@ class DeviceCalls:
         degraded: set when a call of the current tick failed transiently (reset by
             :meth:`begin_tick`); the device state machine reads it.
         reasons: code names of this tick's transient failures, for the state log.
+        answered: calls of the current tick that succeeded.
+        unknown: calls of the current tick that answered UNKNOWN (with ``answered`` 0 on every
+            device, the collector checks whether NVML as a whole stopped answering).
 
     """
 
@@ -81,8 +86,12 @@ class DeviceCalls:
         self._last: dict[str, str] = {}
         self._flight_lock = threading.Lock()
         self._in_flight: tuple[str, float] | None = None
+        self._unsupported: list[tuple[str, str]] = []
+        self._nothing_logged = False
         self.degraded = False
         self.reasons: list[str] = []
+        self.answered = 0
+        self.unknown = 0
 
     # --- capability cache -------------------------------------------------------------
     def enabled(self, cap: str) -> bool:
@@ -102,9 +111,46 @@ class DeviceCalls:
         return dict(self._disabled)
 
     def begin_tick(self) -> None:
-        """Reset the per-tick failure flags."""
+        """Reset the per-tick failure flags and counts."""
         self.degraded = False
         self.reasons = []
+        self.answered = 0
+        self.unknown = 0
+
+    def end_tick(self, read_anything: bool) -> None:
+        """Log the capabilities found unsupported since the last call (field case F30).
+
+        Args:
+            read_anything: the tick produced at least one reading (a point besides
+                ``hw.status``).
+
+        Normally each capability gets its INFO line. A device that read nothing and whose
+        calls answered NOT_SUPPORTED (an integrated GPU such as Jetson Orin) gets one WARNING
+        instead, once per device, naming every source tried; the per-capability lines go to
+        DEBUG.
+
+        """
+        pending, self._unsupported = self._unsupported, []
+        if not pending:
+            return
+        nothing = not read_anything and not self._nothing_logged
+        if nothing:
+            self._nothing_logged = True
+            self._log.warning(
+                "GPU %s reports no supported telemetry: %s answered NOT_SUPPORTED; only "
+                "hw.status and its identity are exported",
+                self.label,
+                ", ".join(cap for cap, _ in pending),
+            )
+        for cap, code in pending:
+            self._log_once(
+                cap,
+                ErrorKind.UNSUPPORTED.value,
+                logging.DEBUG if nothing else logging.INFO,
+                "%s: %s: not called again on this GPU",
+                cap,
+                code,
+            )
 
     # --- in-flight tracking -----------------------------------------------------------
     @property
@@ -164,6 +210,7 @@ class DeviceCalls:
         finally:
             with self._flight_lock:
                 self._in_flight = None
+        self.answered += 1
         if cap in self._last:
             del self._last[cap]
             self._log.info("GPU %s: %s answers again", self.label, cap)
@@ -189,14 +236,16 @@ class DeviceCalls:
         self._telemetry.add(
             NVML_ERRORS, 1, {"nvml.function": err.function, "nvml.return_code": err.code_name}
         )
+        if err.code == UNKNOWN_CODE:
+            self.unknown += 1
         if err.lifecycle:
             raise LibraryDown(err) from err
         if kind in _DISABLING:
             self._disabled[cap] = kind
-            level = {
-                ErrorKind.UNSUPPORTED: logging.INFO,
-                ErrorKind.FUNCTION_MISSING: missing_level,
-            }.get(kind, logging.WARNING)
+            if kind is ErrorKind.UNSUPPORTED:
+                self._unsupported.append((cap, err.code_name))  # logged by end_tick
+                return
+            level = missing_level if kind is ErrorKind.FUNCTION_MISSING else logging.WARNING
             self._log_once(
                 cap, kind.value, level, "%s: %s: not called again on this GPU", cap, err.code_name
             )

@@ -6,9 +6,9 @@
 - Clock-event reasons (``nvidia.gpu.clock.event_reason``):
   ``nvmlDeviceGetCurrentClocksEventReasons`` where the driver has it (R535+), else the
   deprecated ``…ClocksThrottleReasons`` (same bitmask, F06), chosen from the symbols probed at
-  init. Every known reason is emitted each tick, 1 when its bit is set and 0 otherwise, like
-  ``hw.status``; a set bit the binding does not know is passed through as ``bit_<n>`` (value 1)
-  rather than dropped.
+  init; NOT_SUPPORTED from the new call disables both (F30). Every known reason is emitted
+  each tick, 1 when its bit is set and 0 otherwise, like ``hw.status``; a set bit the binding
+  does not know is passed through as ``bit_<n>`` (value 1) rather than dropped.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from gpumetrics.metrics import names
 from gpumetrics.nvml import convert
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.device import Device
+from gpumetrics.nvml.query import ErrorKind
 
 CLOCK_DOMAINS: tuple[tuple[int, str], ...] = (
     (pynvml.NVML_CLOCK_GRAPHICS, "graphics"),
@@ -94,6 +95,8 @@ def collect_event_reasons(dev: Device, tick: Tick) -> None:
         tick.ctx.log.debug("GPU %s: %s missing; using %s", dev.uuid, EVENTS, THROTTLE)
     mask = c.get(function, function, fn, dev.handle)
     if mask is None:
+        if function == EVENTS and c.disabled().get(EVENTS) is ErrorKind.UNSUPPORTED:
+            c.disable(THROTTLE, ErrorKind.UNSUPPORTED)  # the same bitmask: it would say the same
         return
     for reason, value in event_reason_values(int(mask)):
         attrs = dev.attrs + ((names.AttrClockEventReason, reason),)

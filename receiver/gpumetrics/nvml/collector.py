@@ -13,6 +13,20 @@ Tests drive cycles explicitly with :meth:`Collector.collect_once`; the threaded 
 paces those calls. A cycle commits each device's points to the producer only when that device's
 work finished within its deadlines, so a hung or lost device contributes no (stale) points, and a
 lifecycle error (F12) discards the whole cycle.
+
+**NVML that stopped answering altogether** (field case F32: a container that lost access to
+``/dev/nvidia*`` after a host ``systemctl daemon-reload``, where every call and every later
+``nvmlInit`` answer UNKNOWN until the container restarts): when no call of a cycle succeeded on
+any device and some answered UNKNOWN, one ``nvmlDeviceGetCount`` tells a broken library from
+broken GPUs. If it answers UNKNOWN too, the cycle is discarded like a lifecycle error:
+``gpumetrics.nvml.up`` = 0 with reason ``unknown``, no device metrics, ``nvmlShutdown`` once and
+re-init on back-off. :meth:`Collector.nvml_down_s` tells the runtime how long NVML has been down
+(the sidecar's health follows it, ``runtime.unhealthy_after_nvml_down_s``).
+
+**Devices that changed index** (F11 variant B): while any GPU is failed, every other GPU's tick
+starts with ``nvmlDeviceGetIndex``; a GPU found at a new index gets its static properties
+(``hw.name`` = ``gpu<index>``, model, serial, VBIOS) re-read in that same tick. Indexes only
+move when GPUs drop off and come back, so a healthy node makes no extra call.
 """
 
 from __future__ import annotations
@@ -22,6 +36,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
 
 from gpumetrics.metrics import names
 from gpumetrics.metrics.producer import Producer
@@ -30,7 +47,7 @@ from gpumetrics.nvml.commit import commit, publish_devices, with_instances
 from gpumetrics.nvml.context import Context, Points, Tick, read_pid_max
 from gpumetrics.nvml.device import Device, annotate, discover
 from gpumetrics.nvml.library import Session
-from gpumetrics.nvml.query import QueryError
+from gpumetrics.nvml.query import UNKNOWN_CODE, QueryError
 from gpumetrics.nvml.samples import TimeBase, boot_time_ns
 from gpumetrics.nvml.settings import CollectionSettings
 from gpumetrics.nvml.tick import probe, run_tick
@@ -115,6 +132,7 @@ class Collector:
         self._stopped = False
         self._overrun_logged = False
         self._shut_down = False
+        self._down_since_ns: int | None = None
         self.ready = threading.Event()
         """Set after the first complete collection cycle."""
         self.exit_requested = threading.Event()
@@ -135,6 +153,23 @@ class Collector:
     def nvml_up(self) -> bool:
         """Return True while NVML is initialised and answering."""
         return self._session.up
+
+    @property
+    def nvml_reason(self) -> str:
+        """The ``gpumetrics.nvml.up`` reason (``ok``, ``unknown``, ``released``...)."""
+        return self._session.reason
+
+    def nvml_down_s(self) -> float | None:
+        """Seconds (on the collector's monotonic clock) since NVML stopped answering.
+
+        None while NVML is up, while it is released on request (F13: deliberate, not a
+        failure), and before the first cycle. Counted from the first cycle that found NVML
+        down (a failed first init counts from that cycle). Safe to call from any thread.
+        """
+        since = self._down_since_ns
+        if since is None:
+            return None
+        return max(0, self._ctx.monotonic_ns() - since) / 1e9
 
     def devices(self) -> list[Device]:
         """Return the current devices (physical GPUs, placeholders; MIG instances hang off them)."""
@@ -240,11 +275,19 @@ class Collector:
                 "gpumetrics.collection.duration", time.perf_counter() - began, {"cadence": "tick"}
             )
             self._publish_up()
+            self._track_down()
             if self._session.exit_code is not None:
                 self.exit_requested.set()
             elif report.up:
                 self.ready.set()
             return report
+
+    def _track_down(self) -> None:
+        s = self._session
+        if s.up or s.released:
+            self._down_since_ns = None
+        elif self._down_since_ns is None:
+            self._down_since_ns = self._ctx.monotonic_ns()
 
     def _cycle(self) -> CycleReport:
         s = self._session
@@ -263,10 +306,11 @@ class Collector:
         now_ns, mono_ns = ctx.clock_ns(), ctx.monotonic_ns()
         jobs: dict[str, Job] = {}
         ticks: dict[str, Tick] = {}
+        check_index = any(d.health.failed for d in self._devices)  # indexes may have moved
         for dev in self._devices:
             if dev.health.failed and not dev.health.probe_due(mono_ns):
                 continue
-            tick = ticks[dev.uuid] = Tick(ctx, now_ns, mono_ns)
+            tick = ticks[dev.uuid] = Tick(ctx, now_ns, mono_ns, check_index=check_index)
             jobs[dev.uuid] = self._job(dev, tick)
         outcomes = self._pool.run(jobs, self._settings.cycle_deadline_s)
         report = CycleReport(True, "ok")
@@ -291,10 +335,49 @@ class Collector:
             else:
                 report.timed_out.append(key)
                 self._timeout(dev, out.function, out.status is Status.BUSY)
+        down = self._nothing_answered(outcomes, replaced)
+        if down is not None:
+            return self._library_down(down)
         self._replace(replaced)
         report.points = self._commit(points, now_ns)
         report.states = {d.uuid: d.health.state.value for d in self._all_devices()}
         return report
+
+    def _nothing_answered(
+        self, outcomes: dict[str, Any], replaced: dict[str, Device]
+    ) -> QueryError | None:
+        """Return the error to end the session with when NVML as a whole stopped answering (F32).
+
+        Only when every ticked device finished, none had a successful call and at least one
+        call answered UNKNOWN; then one ``nvmlDeviceGetCount`` decides: UNKNOWN (or a
+        lifecycle code) means the library, not the GPUs, is gone.
+        """
+        if not outcomes or any(o.status is not Status.DONE for o in outcomes.values()):
+            return None
+        ticked = [d for d in self._devices if d.uuid in outcomes] + list(replaced.values())
+        unknown = 0
+        for d in with_instances(ticked):
+            if d.calls.answered:
+                return None
+            unknown += d.calls.unknown
+        if not unknown:
+            return None
+        try:
+            self._system.query(
+                "nvmlDeviceGetCount", "nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount
+            )
+        except LibraryDown as down:
+            return down.error
+        except QueryError as err:
+            if err.code == UNKNOWN_CODE:
+                self._log.error(
+                    "every NVML call answered UNKNOWN this cycle, nvmlDeviceGetCount too: NVML "
+                    "has stopped answering (a container that lost access to /dev/nvidia*, e.g. "
+                    "after a host `systemctl daemon-reload`, stays so until it is restarted); "
+                    "no device metrics until it answers again"
+                )
+                return err
+        return None
 
     def _job(self, dev: Device, tick: Tick) -> Job:
         # The record the job works on now: a probe that recovers a failed GPU swaps in a fresh
@@ -357,6 +440,7 @@ class Collector:
             qe = err if isinstance(err, QueryError) else err.error
             self._library_down(qe)
             return False
+        self._system.end_tick(True)
         self._known.update({d.uuid: d for d in self._devices})
         self._log.info("NVML sees %d GPU(s)", len(self._devices))
         return True

@@ -104,6 +104,8 @@ class Tick:
         ctx: the collector context.
         now_ns: the tick's wall-clock time (Unix-epoch ns), the time of snapshot readings.
         mono_ns: the tick's monotonic time (cadences).
+        check_index: verify the device's NVML index first (some GPU is failed, so indexes may
+            have moved: F11 variant B).
         points: this device's points.
 
     """
@@ -111,6 +113,7 @@ class Tick:
     ctx: Context
     now_ns: int
     mono_ns: int
+    check_index: bool = False
     points: Points = field(default_factory=Points)
 
     def wants(self, *metrics: str) -> bool:

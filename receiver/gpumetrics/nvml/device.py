@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import unicodedata
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pynvml
@@ -213,29 +213,7 @@ def read_physical(ctx: Context, calls: DeviceCalls, handle: Any, index: int, now
     gpu = GPU(uuid=str(uuid), index=index, name=f"gpu{index}")
     dev = new_device(ctx, gpu, handle, index, now_ns)
     c = dev.calls
-    model = _text(c, "nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle)
-    serial = None
-    if c.enabled("nvmlDeviceGetSerial"):
-        serial = _text(c, "nvmlDeviceGetSerial", pynvml.nvmlDeviceGetSerial, handle)
-    vbios = None
-    if c.enabled("nvmlDeviceGetVbiosVersion"):
-        vbios = _text(c, "nvmlDeviceGetVbiosVersion", pynvml.nvmlDeviceGetVbiosVersion, handle)
-    minor = c.get(
-        "nvmlDeviceGetMinorNumber",
-        "nvmlDeviceGetMinorNumber",
-        pynvml.nvmlDeviceGetMinorNumber,
-        handle,
-    )
-    dev.gpu = GPU(
-        uuid=gpu.uuid,
-        index=index,
-        name=gpu.name,
-        model=model,
-        serial_number=serial,
-        driver_version=ctx.session.driver_version,
-        firmware_version=vbios,
-        minor_number=_small_int(minor, MAX_MINOR_NUMBER),
-    )
+    dev.gpu = _static_identity(ctx, dev, index)
     mode = c.get(
         "nvmlDeviceGetMigMode", "nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, handle
     )
@@ -253,6 +231,61 @@ def read_physical(ctx: Context, calls: DeviceCalls, handle: Any, index: int, now
         dev.max_mig_slots = int(slots or 0)
     dev.refresh_attrs()
     return dev
+
+
+def _static_identity(ctx: Context, dev: Device, index: int) -> GPU:
+    """Read name, serial, VBIOS and minor number through ``dev``'s gate: its identity at ``index``."""
+    c, handle = dev.calls, dev.handle
+    model = _text(c, "nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle)
+    serial = None
+    if c.enabled("nvmlDeviceGetSerial"):
+        serial = _text(c, "nvmlDeviceGetSerial", pynvml.nvmlDeviceGetSerial, handle)
+    vbios = None
+    if c.enabled("nvmlDeviceGetVbiosVersion"):
+        vbios = _text(c, "nvmlDeviceGetVbiosVersion", pynvml.nvmlDeviceGetVbiosVersion, handle)
+    minor = c.get(
+        "nvmlDeviceGetMinorNumber",
+        "nvmlDeviceGetMinorNumber",
+        pynvml.nvmlDeviceGetMinorNumber,
+        handle,
+    )
+    return GPU(
+        uuid=dev.uuid,
+        index=index,
+        name=f"gpu{index}",
+        model=model,
+        serial_number=serial,
+        driver_version=ctx.session.driver_version,
+        firmware_version=vbios,
+        minor_number=_small_int(minor, MAX_MINOR_NUMBER),
+    )
+
+
+def check_index(ctx: Context, dev: Device) -> bool:
+    """Re-read a physical GPU's static identity if its NVML index moved (F11 variant B).
+
+    ``nvmlDeviceGetIndex`` on the device's handle; when it differs from the known index, the
+    device takes the new index and its static properties (``hw.name`` = ``gpu<index>``,
+    model, serial, VBIOS) are read again, so every point of this tick carries the identity
+    it has now. MIG instances take the parent's new name. Returns True when it moved.
+
+    Raises:
+        DeviceLost, LibraryDown: as from the gate.
+
+    """
+    got = dev.calls.get(
+        "nvmlDeviceGetIndex", "nvmlDeviceGetIndex", pynvml.nvmlDeviceGetIndex, dev.handle
+    )
+    if got is None or dev.index is None or int(got) == dev.index:
+        return False
+    old, dev.index = dev.index, int(got)
+    dev.gpu = _static_identity(ctx, dev, dev.index)
+    dev.refresh_attrs()
+    for slot, inst in dev.instances.items():
+        inst.gpu = replace(inst.gpu, name=f"{dev.gpu.name}/mig{slot}")
+        inst.refresh_attrs()
+    ctx.log.info("GPU %s moved from index %d to %d; identity re-read", dev.uuid, old, dev.index)
+    return True
 
 
 def enumerate_mig(ctx: Context, parent: Device, now_ns: int) -> None:

@@ -81,6 +81,11 @@ _INIT_HINTS = {
     ),
     pynvml.NVML_ERROR_DRIVER_NOT_LOADED: " (the NVIDIA kernel module is not loaded)",
     pynvml.NVML_ERROR_NO_PERMISSION: " (no permission to open /dev/nvidia*)",
+    pynvml.NVML_ERROR_UNKNOWN: (
+        " (a container that lost access to /dev/nvidia*, e.g. after a host `systemctl "
+        "daemon-reload`, answers this until it is restarted; health turns NOT_SERVING after "
+        "runtime.unhealthy_after_nvml_down_s)"
+    ),
 }
 """What to do about the init failures a user can fix, appended to the retry warning."""
 

@@ -1,6 +1,7 @@
-"""Framebuffer memory: ``hw.gpu.memory.usage``, ``.limit`` and ``.utilization`` from one read.
+"""Framebuffer memory: usage, limit, utilisation and reserved memory from one read.
 
-One ``nvmlDeviceGetMemoryInfo`` call per tick feeds all three metrics (style item 6).
+``hw.gpu.memory.usage``, ``.limit``, ``.utilization`` and ``nvidia.gpu.memory.reserved``: one
+``nvmlDeviceGetMemoryInfo`` call per tick feeds all four metrics (style item 6).
 
 - **v2 first.** ``nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)`` (the version
   word 0x02000028, never the literal 2, F03): ``used`` is allocated memory only; ``reserved`` is
@@ -9,6 +10,9 @@ One ``nvmlDeviceGetMemoryInfo`` call per tick feeds all three metrics (style ite
   call answers FUNCTION_NOT_FOUND (bad struct version, F03 case A) or UNKNOWN (the broken WSL v2
   path, F03 case B), the device switches to v1 for good (logged once); v1 ``used`` includes the
   reserved memory, and ``reserved`` is unknown.
+- **Reserved (F29).** ``nvidia.gpu.memory.reserved`` comes from v2's ``reserved`` only (the
+  driver/firmware share, ~300 MiB on an idle GPU); with v1 it is absent, never 0 and never
+  guessed from ``used``.
 - **No framebuffer.** NOT_SUPPORTED (GB10 / DGX Spark, Jetson: UMA, F17) disables memory metrics
   for the device: they are absent, never 0 and never replaced with host RAM (F18).
 - **Sanity.** The u64 not-available value is dropped; ``total == 0`` gives no limit and no
@@ -36,6 +40,7 @@ _METRICS = (
     names.MetricGPUMemoryUsage,
     names.MetricGPUMemoryLimit,
     names.MetricGPUMemoryUtilization,
+    names.MetricGPUMemoryReserved,
 )
 
 
@@ -91,7 +96,7 @@ def read_memory(dev: Device) -> MemoryReading | None:
 
 
 def collect_memory(dev: Device, tick: Tick) -> None:
-    """Add usage, limit and utilisation points from one memory read."""
+    """Add usage, limit, utilisation and (v2) reserved points from one memory read."""
     if not tick.wants(*_METRICS):
         return
     reading = read_memory(dev)
@@ -117,3 +122,11 @@ def collect_memory(dev: Device, tick: Tick) -> None:
         tick.points.add(names.MetricGPUMemoryUsage, int(used), now, dev.attrs, start)
     if used is not None and total and tick.wants(names.MetricGPUMemoryUtilization):
         tick.points.add(names.MetricGPUMemoryUtilization, used / total, now, dev.attrs)
+    if reading.reserved_bytes is not None and tick.wants(names.MetricGPUMemoryReserved):
+        reserved, why = convert.bytes_value(reading.reserved_bytes)
+        if reserved is None or (total is not None and reserved > total):
+            dev.calls.drop(
+                fn, why or convert.OUT_OF_RANGE, detail=f"reserved {reading.reserved_bytes}"
+            )
+        else:
+            tick.points.add(names.MetricGPUMemoryReserved, int(reserved), now, dev.attrs, start)

@@ -7,7 +7,9 @@ read here with its own 16-byte struct (``pid`` u32, ``usedGpuMemory`` u64; MIG i
 nvidia-ml-py 13.x has no v1 wrapper and its unversioned wrapper calls ``_v3`` (F02, F04 on 440).
 A symbol that answers FUNCTION_NOT_FOUND at run time (or ``NVMLLibraryMismatchError``) is
 disabled and the next older one is tried in the same tick. A driver without any of them gives
-no process metrics and one WARNING naming the missing symbols.
+no process metrics and one WARNING naming the missing symbols. A list that answers
+NOT_SUPPORTED (Jetson, F30) or NO_PERMISSION is a capability of the device: the older symbols
+of that list are disabled with it, and nothing claims a symbol is missing.
 
 **Growing lists.** The list can grow between the sizing and the data call; nvidia-ml-py then
 raises INSUFFICIENT_SIZE without retrying. The call is retried up to
@@ -115,9 +117,8 @@ def _read_list(dev: Device, tick: Tick, kind: str) -> list[Any] | None:
     """Raw entries of one list from the newest working symbol; None when no symbol works."""
     c = dev.calls
     attempts = tick.ctx.settings.insufficient_size_attempts
-    tried = []
-    for symbol, fn in _SYMBOLS[kind]:
-        tried.append(symbol)
+    symbols = _SYMBOLS[kind]
+    for n, (symbol, fn) in enumerate(symbols):
         if fn is None or not c.enabled(symbol):
             continue
         for _ in range(attempts):
@@ -140,18 +141,27 @@ def _read_list(dev: Device, tick: Tick, kind: str) -> list[Any] | None:
                     break
                 if err.kind is ErrorKind.NOT_FOUND:
                     return []
+                if err.kind in (ErrorKind.UNSUPPORTED, ErrorKind.NO_PERMISSION):
+                    # the device cannot list these processes: the older symbols read the same
+                    # list and would say the same (a capability, not a missing symbol; F30)
+                    for older, _ in symbols[n + 1 :]:
+                        c.disable(older, err.kind)
                 return None
         else:
             c.record(last)
             c.drop(symbol, "insufficient_size", detail=f"after {attempts} attempts")
             raise ListUnavailable(symbol)
-    if not dev.state.get(f"no_{kind}_symbol"):
+    disabled = c.disabled()
+    missing = [
+        s for s, fn in symbols if fn is None or disabled.get(s) is ErrorKind.FUNCTION_MISSING
+    ]
+    if len(missing) == len(symbols) and not dev.state.get(f"no_{kind}_symbol"):
         dev.state[f"no_{kind}_symbol"] = True
         tick.ctx.log.warning(
-            "GPU %s: no usable %s process-list symbol (%s); %s process metrics absent",
+            "GPU %s: no usable %s process-list symbol (%s missing); %s process metrics absent",
             dev.uuid,
             kind,
-            ", ".join(tried),
+            ", ".join(missing),
             kind.lower(),
         )
     return None

@@ -20,6 +20,13 @@ sample with that one pid. Here:
   lists are kept: the driver also returns samples of processes that just exited, and
   capacity-sized buffers can hold stale entries (nvtop #110); a process that stopped using the
   GPU gets no point (when no list is readable, validated samples are all kept);
+- **a running process without a sample was idle** (field case F27): NVML returns "one
+  utilization sample structure per process running, that had some non-zero utilization during
+  the last sample period", so when the call succeeded with samples, every pid in this tick's
+  process lists that has no sample in the answer gets 0 for each task and for memory-copy, at
+  the tick's time. Nothing is emitted for it when the call failed, is unsupported, answered
+  NOT_FOUND for the whole device (nothing was read), or the lists are unreadable; a pid whose
+  sample was dropped as garbage had a sample, so it gets no 0 either;
 - INSUFFICIENT_SIZE (samples arriving between the sizing and the data call) is retried like the
   process lists (F20).
 
@@ -30,6 +37,7 @@ Not called on MIG-enabled GPUs, where both APIs are documented unsupported (NVML
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
@@ -52,6 +60,20 @@ _TASKS = (
 )
 
 
+@dataclass
+class ProcessSamples:
+    """One successful per-process utilisation answer.
+
+    Attributes:
+        kept: validated samples as ``(pid, driver timestamp µs, [sm, enc, dec, mem] %)``.
+        sampled: every pid the answer had a sample for, dropped ones included.
+
+    """
+
+    kept: list[tuple[int, int, list[int]]] = field(default_factory=list)
+    sampled: set[int] = field(default_factory=set)
+
+
 def _read(dev: Device, tick: Tick) -> tuple[str, list[Any]] | None:
     c = dev.calls
     cursor = dev.cursors.get(CURSOR)
@@ -70,7 +92,7 @@ def _read(dev: Device, tick: Tick) -> tuple[str, list[Any]] | None:
                     last = err
                     continue
                 if err.kind is ErrorKind.NOT_FOUND:
-                    return function, []
+                    return None  # no process had a sample newer than the cursor: nothing read
                 if (
                     err.kind in (ErrorKind.FUNCTION_MISSING, ErrorKind.UNSUPPORTED)
                     and function == NEW
@@ -84,11 +106,12 @@ def _read(dev: Device, tick: Tick) -> tuple[str, list[Any]] | None:
     return None
 
 
-def read_process_utilization(dev: Device, tick: Tick) -> list[Any] | None:
-    """Make this tick's one per-process utilisation call on ``dev``; return validated samples.
+def read_process_utilization(dev: Device, tick: Tick) -> ProcessSamples | None:
+    """Make this tick's one per-process utilisation call on ``dev``; return its samples.
 
     Samples with an impossible pid or a percentage outside 0-100 are dropped (counted); the
-    cursor moves to the newest timestamp returned. None when the call is unavailable.
+    cursor moves to the newest timestamp returned. None when nothing was read: the call is
+    unavailable or failed, or answered NOT_FOUND (no sample newer than the cursor).
     """
     if not tick.wants(names.MetricProcessUtilization, names.MetricProcessMemoryCopyUtilization):
         return None
@@ -98,11 +121,12 @@ def read_process_utilization(dev: Device, tick: Tick) -> list[Any] | None:
     function, samples = got
     newest = None
     pid_max = tick.ctx.pid_max
-    kept = []
+    out = ProcessSamples()
     for s in samples:
         ts = int(s.timeStamp)
         newest = ts if newest is None else max(newest, ts)
         pid = int(s.pid)
+        out.sampled.add(pid)
         if not 1 <= pid <= pid_max:
             dev.calls.drop(function, "invalid_pid", detail=str(pid))
             continue
@@ -110,25 +134,26 @@ def read_process_utilization(dev: Device, tick: Tick) -> list[Any] | None:
         if any(not 0 <= v <= 100 for v in values):
             dev.calls.drop(function, convert.OUT_OF_RANGE, detail=f"pid {pid}: {values}")
             continue
-        kept.append((pid, ts, values))
+        out.kept.append((pid, ts, values))
     dev.cursors.advance(CURSOR, newest)
-    return kept
+    return out
 
 
 def collect_process_utilization(
-    dev: Device, tick: Tick, samples: list[Any], live_pids: Collection[int] | None
+    dev: Device, tick: Tick, samples: ProcessSamples, live_pids: Collection[int] | None
 ) -> None:
-    """Add per-process utilisation points, one per sample and task, at each sample's own time.
+    """Add per-process utilisation points: one per sample and task, and 0 for idle processes.
 
     Args:
         dev: a physical GPU without MIG.
         tick: the current tick.
-        samples: from :func:`read_process_utilization`.
+        samples: from :func:`read_process_utilization` (a successful answer).
         live_pids: pids in this tick's process lists (read after the utilisation call), or
-            None when the lists were unavailable: samples of other pids are not emitted.
+            None when the lists were unavailable: samples of other pids are not emitted, and
+            no process is known to be idle.
 
     """
-    for pid, ts, values in samples:
+    for pid, ts, values in samples.kept:
         if live_pids is not None and pid not in live_pids:
             continue
         time_ns = tick.ctx.timebase.to_unix_ns(ts)
@@ -136,3 +161,11 @@ def collect_process_utilization(
             ratio, _ = convert.percent_to_ratio(value)  # validated above: never None here
             if ratio is not None and tick.wants(metric):
                 tick.points.add_process(pid, metric, ratio, time_ns, dev.id_attrs + extra)
+    if live_pids is None:
+        return
+    for pid in live_pids:
+        if pid in samples.sampled:
+            continue
+        for _, metric, extra in _TASKS:  # running, no sample: idle in the whole window (F27)
+            if tick.wants(metric):
+                tick.points.add_process(pid, metric, 0.0, tick.now_ns, dev.id_attrs + extra)

@@ -84,6 +84,10 @@ _NAME_BY_CODE: dict[int, str] = {pynvml.NVML_SUCCESS: "SUCCESS"} | {
     if n.startswith("NVML_ERROR_")
 }
 
+UNKNOWN_CODE = pynvml.NVML_ERROR_UNKNOWN
+"""NVML_ERROR_UNKNOWN (999): a broken device, or, from every call at once, a library that lost
+access to the devices (field case F32)."""
+
 UNICODE_DECODE = "UNICODE_DECODE_ERROR"
 """``QueryError.code_name`` of a string the binding could not decode (F26)."""
 

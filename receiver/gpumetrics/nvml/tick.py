@@ -13,7 +13,9 @@ needs it):
   handle. Instances are re-enumerated every ``mig_interval_s`` and in the next tick after an
   instance handle went stale.
 
-A failed device gets only its back-off probe (:func:`probe`). Fatal answers propagate:
+While some GPU is failed, each tick first checks the device's index (``nvmlDeviceGetIndex``)
+and re-reads its identity if it moved (F11 variant B). A failed device gets only its back-off
+probe (:func:`probe`). Fatal answers propagate:
 :class:`~gpumetrics.nvml.calls.DeviceLost` marks the device (or instance) failed and ends its
 tick; :class:`~gpumetrics.nvml.calls.LibraryDown` ends every device's tick.
 """
@@ -25,7 +27,7 @@ import pynvml
 from gpumetrics.nvml.calls import DeviceLost
 from gpumetrics.nvml.clocks import collect_clocks, collect_event_reasons
 from gpumetrics.nvml.context import Tick
-from gpumetrics.nvml.device import Device, enumerate_mig, read_physical
+from gpumetrics.nvml.device import Device, check_index, enumerate_mig, read_physical
 from gpumetrics.nvml.ecc import collect_ecc
 from gpumetrics.nvml.memory import collect_memory
 from gpumetrics.nvml.pcie import collect_pcie
@@ -55,7 +57,7 @@ def _processes(dev: Device, tick: Tick, utilization: bool) -> None:
     entries = read_processes(dev, tick)
     if entries is not None:
         collect_process_memory(dev, tick, entries)
-    if samples:
+    if samples is not None:
         collect_process_utilization(dev, tick, samples, None if entries is None else entries.keys())
 
 
@@ -71,8 +73,13 @@ def _instance(inst: Device, tick: Tick) -> bool:
         return True
     stale = any(r in ("INVALID_ARGUMENT", "NOT_FOUND") for r in inst.calls.reasons)
     inst.health.tick_done(inst.calls.degraded, ",".join(inst.calls.reasons))
+    inst.calls.end_tick(_read_anything(sub))
     tick.points.extend(sub.points)
     return stale
+
+
+def _read_anything(tick: Tick) -> bool:
+    return bool(tick.points.host or tick.points.processes)
 
 
 def run_tick(dev: Device, tick: Tick) -> None:
@@ -84,6 +91,8 @@ def run_tick(dev: Device, tick: Tick) -> None:
 
     """
     dev.calls.begin_tick()
+    if tick.check_index:
+        check_index(tick.ctx, dev)
     if dev.mig_enabled:
         _board(dev, tick)
         last = dev.state.get("mig_enumerated_ns")
@@ -100,6 +109,7 @@ def run_tick(dev: Device, tick: Tick) -> None:
         _board(dev, tick)
         _processes(dev, tick, utilization=True)
     dev.health.tick_done(dev.calls.degraded, ",".join(dev.calls.reasons))
+    dev.calls.end_tick(_read_anything(tick))
 
 
 def probe(dev: Device, tick: Tick) -> Device | None:

@@ -39,6 +39,7 @@ class Batcher:
         wait: ``wait(seconds) -> bool`` (True = stop); default the batcher's stop event. Tests
             inject a controllable one so they never sleep.
         ready_poll_s: readiness check period (s) before the first ready batch.
+        after_batch: called after every :meth:`run_once` (the NVML liveness gate).
 
     """
 
@@ -51,6 +52,7 @@ class Batcher:
         on_ready: Callable[[], None] = lambda: None,
         wait: Callable[[float], bool] | None = None,
         ready_poll_s: float = 0.05,
+        after_batch: Callable[[], object] = lambda: None,
     ) -> None:
         self._producer = producer
         self._store = store
@@ -60,6 +62,7 @@ class Batcher:
         self._stop = threading.Event()
         self._wait = wait if wait is not None else self._stop.wait
         self._ready_poll_s = ready_poll_s
+        self._after_batch = after_batch
         self._announced = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -87,6 +90,7 @@ class Batcher:
                 self._announced = True
                 log.debug("first collection stored: ready", extra={"sequence": seq})
                 self._on_ready()
+            self._after_batch()
             return seq
 
     def _next_wait(self) -> float:

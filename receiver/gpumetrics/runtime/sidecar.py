@@ -3,8 +3,10 @@
 Start order (``docs/architecture.md``, runtime contracts): the simulated driver is installed
 first when asked; then the server starts listening (health ``""`` NOT_SERVING), pod attribution
 starts reading the kubelet (when on, ``docs/kubernetes.md``), the collector starts (NVML init
-retried in the background), the batcher starts, and push starts. Health turns
-SERVING after the first batch that follows ``Collector.ready``.
+retried in the background), the batcher starts, and push starts. Health turns SERVING after the
+first batch that follows ``Collector.ready``; after each batch the NVML liveness gate
+(``runtime.liveness``) turns ``""`` and the pull service NOT_SERVING while NVML has been down
+longer than ``runtime.unhealthy_after_nvml_down_s``.
 
 Shutdown order (:meth:`Sidecar.shutdown`), all inside one time budget: health NOT_SERVING and the
 server stops accepting (calls in flight get a short grace); the batcher stops; the collector
@@ -36,6 +38,7 @@ from gpumetrics.kubernetes import PodAttribution
 from gpumetrics.metrics import Producer
 from gpumetrics.nvml.context import DEFAULT_PID_MAX
 from gpumetrics.runtime.batcher import Batcher
+from gpumetrics.runtime.liveness import NvmlLiveness
 from gpumetrics.runtime.simulation import (
     default_profile,
     install_simulation,
@@ -57,7 +60,9 @@ class CollectorLike(Protocol):
     """What the runtime needs of ``gpumetrics.nvml.collector.Collector``.
 
     Optionally also ``exit_requested: threading.Event`` and ``exit_code: int | None``: the
-    collector asks the process to exit non-zero (NVML library/driver mismatch, F12).
+    collector asks the process to exit non-zero (NVML library/driver mismatch, F12); and
+    ``nvml_down_s() -> float | None`` / ``nvml_reason``: how long NVML has been down, which
+    health follows (``runtime.liveness``, F32).
     """
 
     ready: threading.Event
@@ -240,6 +245,7 @@ class Sidecar:
         except SettingError as exc:
             raise ConfigError.setting(f"server.{exc.setting}", exc.reason) from None
         collector = collector_factory(producer, config.collection, telemetry)
+        liveness = NvmlLiveness(collector, health, config.runtime.unhealthy_after_nvml_down_s)
         batcher = Batcher(
             producer,
             store,
@@ -247,6 +253,7 @@ class Sidecar:
             collector.ready,
             lambda: self._ready(health, server, collector),
             batch_wait,
+            after_batch=liveness.check,
         )
         push = _push_exporter(store, config, telemetry) if config.push.endpoint else None
         return SidecarParts(

@@ -4,10 +4,13 @@ Names (gRPC health checking protocol, https://github.com/grpc/grpc/blob/master/d
 ``plugin`` as go-plugin's host checks it): ``""`` (the whole server) and each served
 service (``gpumetrics.v1.MetricsPullService``, ``gpumetrics.v1.ProfilerIntegrationService``)
 start NOT_SERVING, and turn SERVING when the sidecar calls :meth:`SidecarHealth.mark_ready`
-after its first collection has been stored. :meth:`SidecarHealth.enter_graceful_shutdown` makes
-every name NOT_SERVING for good (the server calls it before it stops accepting calls). ``Check``
-and ``Watch`` only read a dictionary: they never reach NVML, so the kubelet's 1 s probe deadline
-is never at risk.
+after its first collection has been stored. :meth:`SidecarHealth.set_nvml_healthy` (False once
+NVML has been down longer than ``runtime.unhealthy_after_nvml_down_s``, field case F32) makes
+``""`` and the pull service NOT_SERVING until it is called with True; the profiler service keeps
+following readiness alone (declarations still work).
+:meth:`SidecarHealth.enter_graceful_shutdown` makes every name NOT_SERVING for good (the server
+calls it before it stops accepting calls). ``Check`` and ``Watch`` only read a dictionary: they
+never reach NVML, so the kubelet's 1 s probe deadline is never at risk.
 """
 
 from __future__ import annotations
@@ -52,11 +55,17 @@ class SidecarHealth:
 
     """
 
-    def __init__(self, services: Iterable[str] = (PULL_SERVICE, PROFILER_SERVICE)) -> None:
+    def __init__(
+        self,
+        services: Iterable[str] = (PULL_SERVICE, PROFILER_SERVICE),
+        nvml_dependent: Iterable[str] = (OVERALL_HEALTH, PULL_SERVICE),
+    ) -> None:
         self.servicer: health.HealthServicer = _HealthServicer()
         self._lock = threading.Lock()
         self._ready = False
+        self._nvml_healthy = True
         self._stopping = False
+        self._nvml_dependent = frozenset(nvml_dependent)
         self._following: dict[str, None] = {OVERALL_HEALTH: None}
         for name in services:
             self._following[name] = None
@@ -68,6 +77,14 @@ class SidecarHealth:
         """True after :meth:`mark_ready` until ``set_ready(False)`` or shutdown."""
         with self._lock:
             return self._ready and not self._stopping
+
+    def _status(self, name: str) -> int:
+        """Return the status of a following name (caller holds the lock)."""
+        if not self._ready:
+            return NOT_SERVING
+        if name in self._nvml_dependent and not self._nvml_healthy:
+            return NOT_SERVING
+        return SERVING
 
     def add_service(self, name: str, follow_ready: bool = True) -> None:
         """Register health name ``name`` (e.g. ``plugin`` under go-plugin).
@@ -84,7 +101,7 @@ class SidecarHealth:
                 return
             if follow_ready:
                 self._following[name] = None
-                status = SERVING if self._ready else NOT_SERVING
+                status = self._status(name)
             else:
                 status = SERVING
             self.servicer.set(name, status)
@@ -99,9 +116,24 @@ class SidecarHealth:
             if self._stopping:
                 return
             self._ready = ready
-            status = SERVING if ready else NOT_SERVING
-            for name in self._following:
-                self.servicer.set(name, status)
+            self._publish()
+
+    def set_nvml_healthy(self, healthy: bool) -> None:
+        """Say whether NVML answers well enough to be live (False: ``""`` and pull NOT_SERVING).
+
+        Ignored after :meth:`enter_graceful_shutdown`. Before :meth:`mark_ready` every name is
+        NOT_SERVING anyway.
+        """
+        with self._lock:
+            if self._stopping:
+                return
+            self._nvml_healthy = healthy
+            self._publish()
+
+    def _publish(self) -> None:
+        """Set every following name's status (caller holds the lock)."""
+        for name in self._following:
+            self.servicer.set(name, self._status(name))
 
     def enter_graceful_shutdown(self) -> None:
         """Make every name NOT_SERVING permanently (idempotent)."""

@@ -106,8 +106,9 @@ class Ecc(Strict):
 class SampleBuffer(Strict):
     """The driver's ring buffer of one sampling type (``nvmlDeviceGetSamples``).
 
-    Samples lie on multiples of ``period_us`` of the sample clock; the newest ``capacity``
-    are kept. ``source`` defaults to the device reading of the same kind (utilisation.gpu for
+    Samples lie on ``phase_us`` plus multiples of ``period_us`` of the sample clock (a real
+    driver's sampling is not aligned to the clock's origin); the newest ``capacity`` are kept.
+    ``source`` defaults to the device reading of the same kind (utilisation.gpu for
     ``gpu_utilization``, power.usage_mw for ``total_power``...). ``skip_zero`` records nothing
     while the value is 0 (an idle GPU's empty buffer, F19). ``dirty_high_bytes`` is written
     into bytes 4–7 of the 8-byte union for 32-bit value types (F24). ``sizing: capacity``
@@ -116,11 +117,18 @@ class SampleBuffer(Strict):
 
     value_type: ValueType = 1
     period_us: int = Field(default=166_667, gt=0)
+    phase_us: int = Field(default=0, ge=0)
     capacity: int = Field(default=120, ge=1, le=100_000)
     source: Dyn | None = None
     skip_zero: bool = False
     dirty_high_bytes: int = Field(default=0, ge=0, le=U32)
     sizing: Literal["exact", "capacity"] = "exact"
+
+    @model_validator(mode="after")
+    def _phase_inside_period(self) -> SampleBuffer:
+        if self.phase_us >= self.period_us:
+            raise ValueError(f"phase_us: must be below period_us ({self.period_us})")
+        return self
 
 
 #: Scenario key -> ``NVML_*_SAMPLES`` sampling type.
@@ -324,6 +332,9 @@ class Device(Strict):
 
     ``field_values`` answers ``nvmlDeviceGetFieldValues``, keyed by field id: a number or an
     ``NVML_FI_*`` name (``POWER_INSTANT`` is short for ``NVML_FI_DEV_POWER_INSTANT``).
+    ``process_lists: false`` makes every running-process call (all versions and
+    ``nvmlDeviceGetRunningProcessDetailList``) answer NOT_SUPPORTED, as Jetson's integrated GPU
+    does (an empty list would say "nothing runs", which is a different answer).
     """
 
     index: int | None = Field(default=None, ge=0)
@@ -357,9 +368,12 @@ class Device(Strict):
     )
     processes: list[Process] = Field(default_factory=list)
     process_sets: list[ProcessSet] = Field(default_factory=list)
+    process_lists: bool = True
 
     @model_validator(mode="after")
     def _one_name(self) -> Device:
         if self.name_bytes is not None and "name" in self.model_fields_set:
             raise ValueError("name_bytes: give either name or name_bytes, not both")
+        if not self.process_lists and (self.processes or self.process_sets):
+            raise ValueError("processes: a device with process_lists: false lists no processes")
         return self

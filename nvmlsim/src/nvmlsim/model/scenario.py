@@ -24,7 +24,8 @@ class ClockSpec(Strict):
     ``cycle_seconds``: length of one collection cycle (cycle 1 starts at install); at least
     1 µs, the resolution of simulated time (a shorter cycle would round to 0).
     ``start_unix``: where a manual clock starts (seconds since the epoch).
-    ``uptime_s``: how long the host has been up at install (origin of the boot clock).
+    ``uptime_s``: how long the host has been up at install (origin of the boot clock) under
+    a manual clock; the wall clock uses the host's own boot time (``CLOCK_BOOTTIME``).
     """
 
     cycle_seconds: float = Field(default=1.0, ge=1e-6)
@@ -39,14 +40,17 @@ class DriverSpec(Strict):
     ``cuda_version`` (e.g. 12080) and ``nvml_version`` override its strings;
     ``missing_symbols`` removes more symbols. ``v3_record_bytes`` and
     ``bad_struct_version_code`` override the profile's quirks. ``load_failures``: the first N
-    attempts to load ``libnvidia-ml.so.1`` fail (``NVMLError_LibraryNotFound``, F14).
+    attempts to load ``libnvidia-ml.so.1`` fail (``NVMLError_LibraryNotFound``, F14);
+    ``library_present: false``: every attempt fails, as on a machine without the NVIDIA driver.
     ``pcie_window_ms``: how long ``nvmlDeviceGetPcieThroughput`` takes (20 ms on hardware,
     F21; 0 turns it off). ``sample_clock``: sample timestamps in Unix-epoch µs or µs since
     boot. ``local_process_names``: ``nvmlSystemGetProcessName`` also answers for pids that are
     not in the scenario from this machine's /proc. ``strict``: record violations for calls
     while uninitialised and for ``nvmlShutdown`` while another call is in flight (F22).
     ``stale_handle_code``: what a handle of a GPU that was reset or a destroyed MIG instance
-    returns (F11).
+    returns (F11). ``invalid_handle``: what a call with a NULL or never-issued device handle
+    does: ``violation`` (answer INVALID_ARGUMENT and record an ``invalid_handle`` violation) or
+    ``abort`` (the process is aborted, as the real library crashes dereferencing it).
     """
 
     profile: str = "570"
@@ -57,11 +61,13 @@ class DriverSpec(Strict):
     v3_record_bytes: Literal[24, 32] | None = None
     bad_struct_version_code: Code | None = None
     load_failures: int = Field(default=0, ge=0)
+    library_present: bool = True
     pcie_window_ms: float = Field(default=20.0, ge=0)
     sample_clock: Literal["epoch", "boot"] = "epoch"
     local_process_names: bool = False
     strict: bool = False
     stale_handle_code: Code = 2  # INVALID_ARGUMENT
+    invalid_handle: Literal["violation", "abort"] = "violation"
 
 
 class Fault(Window):

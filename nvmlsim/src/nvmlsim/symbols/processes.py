@@ -8,6 +8,7 @@ if more processes run than the caller's count allows (F20), else fills the recor
 are written raw at the symbol's stride with ``struct.pack_into``, so a parser using the wrong
 layout sees exactly the garbage it would see on hardware (F01, F02). A MIG-enabled parent
 answers NO_PERMISSION unless ``mig.privileged``; a MIG handle lists its instance's processes.
+A device with ``process_lists: false`` (Jetson) answers NOT_SUPPORTED to all of them.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def running(
     drv: SimDriver, call: Call, target: DeviceState | MigState, kind: str
 ) -> tuple[int, list[ProcState]]:
     """(code, processes of ``kind`` alive and visible on ``target`` now)."""
+    gpu = target.parent if isinstance(target, MigState) else target
+    if not gpu.spec.process_lists:
+        return codes.NOT_SUPPORTED, []
     if isinstance(target, DeviceState) and target.mig_enabled:
         mig = target.spec.mig
         if mig is None or not mig.privileged:
