@@ -171,7 +171,7 @@ class Served:
             return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
 
     def pull(self) -> metrics_service_pb2.ExportMetricsServiceRequest:
-        """One ``gpumetrics pull`` (JSON), which acknowledges what it printed."""
+        """One `gpumetrics pull` (JSON), acknowledging what it printed; empty when nothing new."""
         done = subprocess.run(
             [str(GPUMETRICS), "pull", self.address, "--format", "json", "--wait", "30"],
             env=clean_env(),
@@ -180,6 +180,9 @@ class Served:
             timeout=60,
         )
         assert done.returncode == 0, done.stderr + self.log()
+        if not done.stdout:  # nothing new: stdout stays empty, "no new batches" on stderr
+            assert "no new batches" in done.stderr, done.stderr
+            return metrics_service_pb2.ExportMetricsServiceRequest()
         return json_format.Parse(done.stdout, metrics_service_pb2.ExportMetricsServiceRequest())
 
     def pull_until(

@@ -234,7 +234,7 @@ def read_physical(ctx: Context, calls: DeviceCalls, handle: Any, index: int, now
 
 
 def _static_identity(ctx: Context, dev: Device, index: int) -> GPU:
-    """Read name, serial, VBIOS and minor number through ``dev``'s gate: its identity at ``index``."""
+    """Read the static identity (name, serial, VBIOS, minor number) of ``dev`` at ``index``."""
     c, handle = dev.calls, dev.handle
     model = _text(c, "nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle)
     serial = None
