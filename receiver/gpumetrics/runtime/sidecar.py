@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpumetrics.config import ConfigError, SidecarConfig
+from gpumetrics.config.model import batch_cap
 from gpumetrics.identity import (
     DeclaredStore,
     ProcfsReader,
@@ -223,7 +224,11 @@ class Sidecar:
             self_telemetry=telemetry,
         )
         producer.set_process_resourcer(resourcer)
-        store = BatchStore(config.store.limits(), telemetry=telemetry)
+        store = BatchStore(
+            config.store.limits(),
+            telemetry=telemetry,
+            max_batch_bytes=batch_cap(server_settings, config.push),
+        )
         server = SidecarServer(server_settings, store, declared, health, telemetry)
         collector = collector_factory(producer, config.collection, telemetry)
         batcher = Batcher(

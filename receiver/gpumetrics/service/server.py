@@ -35,6 +35,7 @@ from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 from gpumetrics.service.auth import AuthPolicy, TokenAuth, read_token_file
 from gpumetrics.service.gate import Gatekeeper, StreamSlots
 from gpumetrics.service.health import SidecarHealth
+from gpumetrics.service.inflight import InflightBudget
 from gpumetrics.service.names import (
     HEALTH_SERVICE,
     PROFILER_SERVICE,
@@ -42,16 +43,15 @@ from gpumetrics.service.names import (
     REFLECTION_SERVICE,
 )
 from gpumetrics.service.profiler import DeclaredStoreAPI, ProfilerServicer
-from gpumetrics.service.pull import PullServicer
+from gpumetrics.service.pull import PullServicer, add_pull_servicer
 from gpumetrics.service.settings import (
-    ENVELOPE_BYTES,
     ListenAddress,
     ServerSettings,
     parse_listen_address,
 )
 from gpumetrics.service.tls import server_credentials
 from gpumetrics.store import BatchStore
-from gpumetrics.v1 import profiler_pb2_grpc, pull_pb2_grpc
+from gpumetrics.v1 import profiler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -130,16 +130,17 @@ class SidecarServer:
         self._credentials = server_credentials(settings)
         self._lock = threading.Lock()
         self._started = self._stopped = False
-        pull = PullServicer(
+        pull = self.pull = PullServicer(
             store,
             telemetry,
             default_max_bytes=settings.pull_default_max_bytes,
-            max_bytes_limit=settings.max_send_message_bytes - ENVELOPE_BYTES,
+            max_bytes_limit=settings.pull_max_bytes,
+            budget=InflightBudget(settings.pull_inflight_bytes),
         )
         profiler = ProfilerServicer(declared, telemetry, settings.max_declarations_per_request)
 
         self._main = self._group("listen")
-        pull_pb2_grpc.add_MetricsPullServiceServicer_to_server(pull, self._main.server)
+        add_pull_servicer(pull, self._main.server)
         self._main.services.append(PULL_SERVICE)
         self._profiler: _Group | None = None
         target = self._main
