@@ -85,6 +85,8 @@ class DeclaredLimits(BaseModel):
         max_process_context_bytes: largest OTEP 4719 process-context payload (By).
         max_environment_bytes: largest sum of captured environment names and values (By).
         max_profiler_resource_bytes: largest profiler-supplied resource (By).
+        max_bytes: memory the decoded declarations may hold in all (By, estimated per entry);
+            a declaration that does not fit is rejected, naming this setting.
 
     """
 
@@ -98,6 +100,7 @@ class DeclaredLimits(BaseModel):
     max_profiler_resource_bytes: int = Field(
         default=_declared_default("max_profiler_resource_bytes"), ge=1
     )
+    max_bytes: int = Field(default=_declared_default("max_bytes"), ge=1)
 
 
 class IdentitySettings(BaseModel):

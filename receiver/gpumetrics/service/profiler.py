@@ -65,14 +65,14 @@ class DeclaredStoreAPI(Protocol):
     def exit(self, pid: int, start_time_ticks: int = 0) -> int:
         """Release ``pid``; return how many declarations were released."""
 
-    def begin_resync(self, declarer: str) -> None:
-        """Start a resynchronisation of ``declarer``."""
+    def begin_resync(self, declarer: str) -> Any:
+        """Start a resynchronisation of ``declarer``; return its handle (one per stream)."""
 
-    def abort_resync(self, declarer: str) -> bool:
-        """Abandon ``declarer``'s resynchronisation without releasing anything."""
+    def abort_resync(self, resync: Any) -> bool:
+        """Abandon the resynchronisation ``resync`` without releasing anything."""
 
-    def end_resync(self, declarer: str) -> int:
-        """End it; return how many declarations were released."""
+    def end_resync(self, resync: Any) -> int:
+        """End ``resync``; return how many declarations were released."""
 
     def replace_all(
         self,
@@ -88,6 +88,10 @@ class DeclaredStoreAPI(Protocol):
 
     def __len__(self) -> int:
         """Return the number of declarations held."""
+
+    @property
+    def held_bytes(self) -> int:
+        """Estimated memory of the declarations held (By)."""
 
 
 def _args(d: profiler_pb2.ProcessDeclaration) -> DeclarationArgs:
@@ -170,7 +174,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
                     self._declared.declare(*_args(d), declarer=declarer)
                 except ValueError as exc:
                     reject(i, exc)
-        self._telemetry.set("gpumetrics.declarations", len(self._declared))
+        self._publish()
         return profiler_pb2.DeclareProcessesResponse(
             accepted=len(processes) - len(rejected), rejected=rejected, released=released
         )
@@ -187,7 +191,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
                 released += self._declared.exit(e.pid, e.start_time_ticks)
             except ValueError as exc:
                 rejected.append(self._rejection(i, e.pid, f"exits[{i}]", exc))
-        self._telemetry.set("gpumetrics.declarations", len(self._declared))
+        self._publish()
         return profiler_pb2.ReportExitsResponse(released=released, rejected=rejected)
 
     # -- stream ---------------------------------------------------------------------------------
@@ -197,26 +201,23 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
     ) -> Iterator[profiler_pb2.StreamDeclarationsResponse]:
         """Answer every event with one response, in order.
 
-        A stream that ends inside a resync it began abandons that resync
-        (``DeclaredStore.abort_resync``): nothing is released, and the agent's next
-        ``ResyncBegin`` starts afresh.
+        A resynchronisation belongs to the stream that began it: another stream of the same
+        declarer (an agent that reconnected while its old stream is still open) neither ends nor
+        aborts it. A second ``ResyncBegin`` on the stream restarts it; a stream that ends inside
+        it abandons it (``DeclaredStore.abort_resync``): nothing is released, and the agent's
+        next ``ResyncBegin`` starts afresh.
         """
         declarer = declarer_of(context)
-        in_resync = False
+        stream = _StreamResync(self._declared, declarer)
         try:
             for event in request_iterator:
-                response = self._apply(event, declarer)
-                kind = event.WhichOneof("event")
-                if response.accepted and kind in ("resync_begin", "resync_end"):
-                    in_resync = kind == "resync_begin"
-                yield response
-                self._telemetry.set("gpumetrics.declarations", len(self._declared))
+                yield self._apply(event, declarer, stream)
+                self._publish()
         finally:
-            if in_resync:
-                self._declared.abort_resync(declarer)
+            stream.abandon()
 
     def _apply(
-        self, event: profiler_pb2.StreamDeclarationsRequest, declarer: str
+        self, event: profiler_pb2.StreamDeclarationsRequest, declarer: str, stream: _StreamResync
     ) -> profiler_pb2.StreamDeclarationsResponse:
         kind = event.WhichOneof("event")
         resp = profiler_pb2.StreamDeclarationsResponse
@@ -226,9 +227,9 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
             elif kind == "exit":
                 self._declared.exit(event.exit.pid, event.exit.start_time_ticks)
             elif kind == "resync_begin":
-                self._declared.begin_resync(declarer)
+                stream.begin()
             elif kind == "resync_end":
-                return resp(accepted=True, released=self._declared.end_resync(declarer))
+                return resp(accepted=True, released=stream.end())
             else:
                 return resp(
                     rejection=self._rejection(
@@ -240,6 +241,10 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
             prefix = kind if kind in ("declare", "exit") else ""
             return resp(rejection=self._rejection(0, pid, prefix, exc))
         return resp(accepted=True)
+
+    def _publish(self) -> None:
+        self._telemetry.set("gpumetrics.declarations", len(self._declared))
+        self._telemetry.set("gpumetrics.declarations.bytes", self._declared.held_bytes)
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -268,6 +273,38 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
                 self._logged.add(key)
         level = logging.WARNING if first else logging.DEBUG
         log.log(level, "declaration rejected (pid %d): %s: %s", pid, field, reason[:512])
+
+
+class _StreamResync:
+    """The resynchronisation of one stream: at most one in progress, ended only by this stream."""
+
+    def __init__(self, declared: DeclaredStoreAPI, declarer: str) -> None:
+        self._declared = declared
+        self._declarer = declarer
+        self._resync: Any = None
+
+    def begin(self) -> None:
+        """Start (or restart) this stream's resynchronisation."""
+        self.abandon()
+        self._resync = self._declared.begin_resync(self._declarer)
+
+    def end(self) -> int:
+        """End it; return what was released.
+
+        Raises:
+            _Problem: field ``resync_end`` when this stream began none.
+
+        """
+        if self._resync is None:
+            raise _Problem("resync_end", "no resynchronisation in progress on this stream")
+        resync, self._resync = self._resync, None
+        return int(self._declared.end_resync(resync))
+
+    def abandon(self) -> None:
+        """Abandon the one in progress, if any, releasing nothing."""
+        if self._resync is not None:
+            resync, self._resync = self._resync, None
+            self._declared.abort_resync(resync)
 
 
 class _Problem(ValueError):
