@@ -163,8 +163,9 @@ class ServerSettings(BaseModel):
             a Pull that finds it used up is answered UNAVAILABLE (retry later), one that finds
             part of it gets a shorter answer. Memory of answers in flight stays below about
             twice this. Unset: 32 MiB, or ``pull_max_bytes`` when that is larger.
-        max_streams: streaming calls open at once per listener group (each holds a thread).
-        unary_workers: threads kept for unary calls beyond ``max_streams``.
+        max_streams: streaming calls open at once per streaming service and listener group
+            (each holds a thread of that service's own pool).
+        unary_workers: threads for unary calls (streams never use them).
         max_concurrent_rpcs: calls accepted at once per server (running or queued); beyond,
             RESOURCE_EXHAUSTED.
         max_declarations_per_request: entries per DeclareProcesses/ReportExits request.
