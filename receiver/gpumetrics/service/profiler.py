@@ -14,17 +14,23 @@ the size of each field is bounded by the declared store (``max_process_context_b
 receive limit; open streams are counted by the server (``gpumetrics.service.gate``).
 
 The *declarer* (whose declarations a resync replaces) is the ``gpumetrics-declarer`` metadata
-value (``[A-Za-z0-9._:/-]``, at most 128 bytes; empty when absent), prefixed with
-``x509:<common name>/`` when the caller presented a client certificate (mTLS), so one agent
-cannot be mistaken for another that holds a different certificate. See ``docs/protocol.md``.
+value (``[A-Za-z0-9._:/-]``, at most 128 bytes; empty when absent). When the caller presented a
+client certificate (mTLS) it is prefixed with the certificate's identity
+(:func:`certificate_identity`), ``x509:<kind>=<names>``, and a ``#`` before the metadata value:
+``x509:uri=spiffe://cluster.local/ns/obs/sa/parca#node-7``. The certificate part never holds a
+raw ``#`` (it is percent-encoded) and always holds a ``=``, which metadata values cannot, so no
+two certificates, and no certificate and plain metadata, ever give the same declarer. See
+``docs/protocol.md``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -99,6 +105,43 @@ def _args(d: profiler_pb2.ProcessDeclaration) -> DeclarationArgs:
     return (d.pid, d.start_time_ticks, d.process_context, env, d.profiler_resource)
 
 
+_IDENTITY_KEYS = (
+    ("peer_uri", "uri"),
+    ("peer_dns", "dns"),
+    ("x509_common_name", "cn"),
+    ("peer_email", "email"),
+    ("peer_ip", "ip"),
+)
+# kept as they are: what URIs, DNS names and e-mail addresses are made of, but not "%", "," (the
+# separator of several names) or "#" (the separator of the metadata value)
+_SAFE = ":/@!$&'()*+;=?[]~"
+
+
+def certificate_identity(auth_context: Mapping[str, Sequence[bytes]]) -> str | None:
+    """Return the identity of the client certificate of a call, or None without one.
+
+    The first of these the certificate has, every value sorted and percent-encoded
+    (RFC 3986 §2.1, ``%``, ``,`` and ``#`` included), names it: ``uri=`` its URI SANs (SPIFFE
+    IDs), ``dns=`` its DNS SANs, ``cn=`` its subject common name, ``email=`` / ``ip=`` its other
+    SANs; a certificate with none of them is named by ``sha256=`` its fingerprint. So a
+    certificate with only SANs (no common name) is told apart from another, and a common name
+    with ``/`` in it stays one value.
+
+    Args:
+        auth_context: ``grpc.ServicerContext.auth_context()``: grpcio's peer properties
+            (``peer_uri``, ``peer_dns``, ``x509_common_name``, ``x509_pem_cert``, ...).
+
+    """
+    pem = [v for v in auth_context.get("x509_pem_cert", ()) if v]
+    if not pem:
+        return None
+    for key, kind in _IDENTITY_KEYS:
+        values = sorted({v for v in auth_context.get(key, ()) if v})
+        if values:
+            return f"{kind}=" + ",".join(urllib.parse.quote(v, safe=_SAFE) for v in values)
+    return "sha256=" + hashlib.sha256(pem[0]).hexdigest()
+
+
 def declarer_of(context: Any) -> str:
     """Return the declarer of the calling agent (see the module docstring).
 
@@ -114,10 +157,9 @@ def declarer_of(context: Any) -> str:
                     f"metadata {DECLARER_METADATA_KEY}: must be 1 to 128 characters of "
                     "[A-Za-z0-9._:/-]",
                 )
-    names = (context.auth_context() or {}).get("x509_common_name") or ()
-    if names:
-        cn = names[0].decode("utf-8", "replace")
-        return f"x509:{cn}/{value}" if value else f"x509:{cn}"
+    identity = certificate_identity(context.auth_context() or {})
+    if identity is not None:
+        return f"x509:{identity}#{value}" if value else f"x509:{identity}"
     return value
 
 
