@@ -2,7 +2,8 @@
 
 ``python -m benchmarks.server_fixture [--batches FILE] [--max-consumers N] [--no-procfs]``
 
-Builds what ``gpumetrics.runtime.sidecar.Sidecar`` builds for serving, minus collection: the
+Builds what ``gpumetrics.runtime.sidecar.Sidecar`` builds for serving, minus collection (and,
+as ``serve`` does, pins the allocator's mmap threshold, ``gpumetrics.runtime.memory``): the
 real ``BatchStore`` (default limits; ``--max-consumers`` may raise the consumer count so a
 benchmark can register one consumer per repetition), the real ``DeclaredStore`` with the default
 limits, ``pid_max`` 4194304 and the real procfs start-time reader, and ``SidecarServer`` with
@@ -60,6 +61,12 @@ def main() -> int:
     ap.add_argument("--max-consumers", type=int, default=StoreLimits().max_consumers)
     ap.add_argument("--no-procfs", action="store_true")
     args = ap.parse_args()
+    try:  # what `gpumetrics serve` does first (absent from older checkouts)
+        from gpumetrics.runtime.memory import return_large_buffers_to_the_os
+    except ImportError:
+        pass
+    else:
+        return_large_buffers_to_the_os()
     telemetry = Telemetry()
     store = BatchStore(StoreLimits(max_consumers=args.max_consumers), telemetry=telemetry)
     if args.batches:
