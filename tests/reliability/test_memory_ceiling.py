@@ -1,4 +1,4 @@
-"""Every memory attack of issue 11 at once against one sidecar: its peak RSS stays under the ceiling.
+"""Every memory attack of issue 11 at once against one sidecar: peak RSS stays under the ceiling.
 
 ``docs/deployment.md`` ("Memory") states the ceiling for the default limits, :data:`CEILING_MIB`.
 The sidecar runs in its own process (``memory_sidecar.py``: default configuration, a 40 MB
