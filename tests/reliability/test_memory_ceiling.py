@@ -31,6 +31,7 @@ import grpc
 import pytest
 from gpumetrics.v1 import profiler_pb2 as ppb
 from gpumetrics.v1 import profiler_pb2_grpc, pull_pb2, pull_pb2_grpc
+from gpumetrics.wire import len_field
 from opentelemetry.proto.resource.v1 import resource_pb2
 
 CEILING_MIB = 450
@@ -76,19 +77,10 @@ def max_declaration(pid: int) -> ppb.ProcessDeclaration:
     env = ",".join(f"k{i}=v" for i in range(9000))[: 65536 - 40]
     return ppb.ProcessDeclaration(
         pid=pid,
-        process_context=b"\x0a" + _varint(ctx.ByteSize()) + ctx.SerializeToString(),
+        process_context=len_field(1, ctx.SerializeToString()),  # ProcessContext.resource
         environment=[ppb.EnvironmentVariable(name="OTEL_RESOURCE_ATTRIBUTES", value=env.encode())],
         profiler_resource=_resource("p", pid, _fitting("p", 65536)).SerializeToString(),
     )
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp, figures):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ from gpumetrics.selftelemetry import Telemetry
 from gpumetrics.service import ServerSettings, SidecarHealth, SidecarServer
 from gpumetrics.store import BatchStore, StoreLimits
 from gpumetrics.v1 import profiler_pb2 as pb
-from gpumetrics.v1 import profiler_pb2_grpc, pull_pb2_grpc
+from gpumetrics.v1 import profiler_pb2_grpc, pull_pb2, pull_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from ..store.conftest import build_request
@@ -176,6 +177,23 @@ class Sidecar:
 
     def health_stub(self, **kw: Any) -> health_pb2_grpc.HealthStub:
         return health_pb2_grpc.HealthStub(self.channel(**kw))
+
+    def pull_concurrently(self, n: int) -> list[int]:
+        """``n`` Pulls at once (released together by a barrier); the data points of each."""
+        results: list[int] = []
+        barrier = threading.Barrier(n)
+
+        def puller() -> None:
+            barrier.wait(timeout=TIMEOUT)
+            r = self.pull_stub().Pull(pull_pb2.PullRequest(consumer="p"), timeout=TIMEOUT)
+            results.append(r.data_points)
+
+        threads = [threading.Thread(target=puller) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=TIMEOUT)
+        return results
 
     def close(self) -> None:
         for ch in self.channels:

@@ -7,12 +7,10 @@ may open, took every slot and ``StreamDeclarations`` was refused.
 from __future__ import annotations
 
 import queue
-import threading
 
 import grpc
 import pytest
 from gpumetrics.v1 import profiler_pb2 as pb
-from gpumetrics.v1 import pull_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from .conftest import TIMEOUT, StreamClient
@@ -53,20 +51,7 @@ def test_idle_reflection_streams_do_not_take_the_profilers_slots(sidecar):
     assert "ServerReflection" in err.value.details()
     fifth._out.put(None)
     # unary calls have their own threads, several at once, while 5 streams are open
-    results: list[int] = []
-    barrier = threading.Barrier(2)
-
-    def puller() -> None:
-        barrier.wait(timeout=TIMEOUT)
-        r = sc.pull_stub().Pull(pull_pb2.PullRequest(consumer="p"), timeout=TIMEOUT)
-        results.append(r.data_points)
-
-    threads = [threading.Thread(target=puller) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=TIMEOUT)
-    assert results == [1, 1]
+    assert sc.pull_concurrently(2) == [1, 1]
     declaring.close()
     for stream in idle:
         stream.close()
