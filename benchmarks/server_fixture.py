@@ -1,15 +1,17 @@
 """The sidecar's real gRPC server in its own process, for the pull and profiler benchmarks.
 
-``python -m benchmarks.server_fixture [--batches FILE] [--max-consumers N]``
+``python -m benchmarks.server_fixture [--batches FILE] [--max-consumers N] [--no-procfs]``
 
-Builds what ``gpumetrics.runtime.sidecar.Sidecar`` builds for serving, minus collection: the
+Builds what ``gpumetrics.runtime.sidecar.Sidecar`` builds for serving, minus collection (and,
+as ``serve`` does, pins the allocator's mmap threshold, ``gpumetrics.runtime.memory``): the
 real ``BatchStore`` (default limits; ``--max-consumers`` may raise the consumer count so a
 benchmark can register one consumer per repetition), the real ``DeclaredStore`` with the default
 limits, ``pid_max`` 4194304 and the real procfs start-time reader, and ``SidecarServer`` with
 default ``ServerSettings`` on ``127.0.0.1:0``. ``--batches`` appends serialized batches first
-(the file written by :func:`write_batches`). It prints ``ADDR host:port`` and serves until its
-standard input closes, so a client in another process measures the server without sharing its
-GIL.
+(the file written by :func:`write_batches`). ``--no-procfs`` gives the declared store no
+start-time reader, so declarations of pids that do not exist here are kept (a benchmark of the
+store's own bounds). It prints ``ADDR host:port`` and serves until its standard input closes, so
+a client in another process measures the server without sharing its GIL; then ``DECLARED n``.
 """
 
 from __future__ import annotations
@@ -57,14 +59,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=Path)
     ap.add_argument("--max-consumers", type=int, default=StoreLimits().max_consumers)
+    ap.add_argument("--no-procfs", action="store_true")
     args = ap.parse_args()
+    try:  # what `gpumetrics serve` does first (absent from older checkouts)
+        from gpumetrics.runtime.memory import return_large_buffers_to_the_os
+    except ImportError:
+        pass
+    else:
+        return_large_buffers_to_the_os()
     telemetry = Telemetry()
     store = BatchStore(StoreLimits(max_consumers=args.max_consumers), telemetry=telemetry)
     if args.batches:
         for points, data in read_batches(args.batches):
             store.append_serialized(data, points)
     procfs = ProcfsReader("/proc", host_pid_namespace=True)
-    declared = DeclaredStore(pid_max=4_194_304, start_time_reader=procfs.start_time_ticks)
+    reader = None if args.no_procfs else procfs.start_time_ticks
+    declared = DeclaredStore(pid_max=4_194_304, start_time_reader=reader)
     health = SidecarHealth()
     server = SidecarServer(
         ServerSettings(listen=["127.0.0.1:0"]), store, declared, health, telemetry

@@ -46,6 +46,8 @@ def placeholders(tmp: Path) -> dict[str, str]:
         "E2E_OUTPUT": str(tmp / "metrics.jsonl"),
         "E2E_PROFILES_OUTPUT": str(tmp / "profiles.jsonl"),
         "OTLP_HTTP_ENDPOINT": "127.0.0.1:4318",
+        "DOWNSTREAM_ENDPOINT": "127.0.0.1:4317",
+        "E2E_STORAGE_DIR": str(tmp / "queue"),
     }
 
 
@@ -155,9 +157,14 @@ def test_required_variables_are_known(path: Path, tmp_path: Path) -> None:
 )
 def test_e2e_configs_give_what_the_tests_read(path: Path) -> None:
     config = load(path)
-    file_exporter = config["exporters"]["file"]
-    assert file_exporter.get("format", "json") == "json"
-    assert "compression" not in file_exporter  # compressed records are length-prefixed
+    exporters = config["exporters"]
+    assert "file" in exporters or "otlp_grpc" in exporters, f"{path.name}: nothing to read back"
+    if "otlp_grpc" in exporters:  # forwards to a Collector the test runs (test_persistent_queue)
+        assert exporters["otlp_grpc"]["sending_queue"]["storage"] in config["extensions"]
+    else:
+        file_exporter = exporters["file"]
+        assert file_exporter.get("format", "json") == "json"
+        assert "compression" not in file_exporter  # compressed records are length-prefixed
     assert config["service"]["telemetry"]["metrics"]["level"] == "none"
     assert config["service"]["telemetry"]["logs"]["encoding"] == "json"
     assert config["service"]["telemetry"]["logs"]["level"] == "debug"  # go-plugin's messages

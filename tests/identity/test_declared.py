@@ -194,17 +194,17 @@ def test_resync_releases_what_was_not_redeclared() -> None:
     for pid in (1, 2, 3):
         s.declare(pid, 0, b"", [], b"", declarer="a")
     s.declare(10, 0, b"", [], b"", declarer="b")
-    s.begin_resync("a")
+    resync = s.begin_resync("a")
     s.declare(1, 0, b"", [], b"", declarer="a")
     s.declare(4, 0, b"", [], b"", declarer="a")
     with pytest.raises(DeclarationError):  # a rejected re-declaration keeps the old one
         s.declare(2, 0, b"garbage", [], b"", declarer="a")
     s.declare(11, 0, b"", [], b"", declarer="b")  # another declarer during a's resync
-    assert s.end_resync("a") == 1  # pid 3
+    assert s.end_resync(resync) == 1  # pid 3
     assert {pid for pid in (1, 2, 3, 4, 10, 11) if s.get(pid, None)[1]} == {1, 2, 4, 10, 11}
     assert s.stats().released_resync == 1
     with pytest.raises(DeclarationError) as err:
-        s.end_resync("a")
+        s.end_resync(resync)
     assert err.value.field == "resync_end"
 
 
@@ -325,15 +325,14 @@ def test_threads_declare_while_producer_looks_up(max_processes: int) -> None:
 def test_resyncs_in_progress_are_bounded_and_can_be_abandoned() -> None:
     s = DeclaredStore(max_resyncs=2)
     s.declare(1, 0, b"", [], b"", declarer="a")
-    s.begin_resync("a")
+    a = s.begin_resync("a")
     s.begin_resync("b")
-    s.begin_resync("a")  # a restart of a's own resync does not count twice
     with pytest.raises(DeclarationError) as err:
         s.begin_resync("c")
     assert err.value.field == "resync_begin"
-    assert s.abort_resync("a") is True
-    assert s.abort_resync("a") is False
+    assert s.abort_resync(a) is True
+    assert s.abort_resync(a) is False
     s.begin_resync("c")  # the slot a held is free again
     assert s.get(1, None)[1]  # abandoning released nothing
     with pytest.raises(DeclarationError):
-        s.end_resync("a")
+        s.end_resync(a)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ from gpumetrics.selftelemetry import Telemetry
 from gpumetrics.service import ServerSettings, SidecarHealth, SidecarServer
 from gpumetrics.store import BatchStore, StoreLimits
 from gpumetrics.v1 import profiler_pb2 as pb
-from gpumetrics.v1 import profiler_pb2_grpc, pull_pb2_grpc
+from gpumetrics.v1 import profiler_pb2_grpc, pull_pb2, pull_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from ..store.conftest import build_request
@@ -32,12 +33,12 @@ class FakeDeclaredStore:
 
     def __init__(self) -> None:
         self.held: dict[int, dict[str, Any]] = {}
-        self.resync: dict[str, set[int]] = {}
+        self.resyncs: list[dict[str, Any]] = []  # handles in progress: {"declarer", "kept"}
+        self.held_bytes = 0
 
     def declare(
         self, pid, start_time_ticks, process_context, environment, profiler_resource, declarer=""
     ):
-        touched = self.resync.get(declarer)
         try:
             if not 1 <= pid <= 4_194_304:
                 raise FakeDeclarationError("pid", f"must be an integer in 1..4194304, got {pid}")
@@ -45,8 +46,7 @@ class FakeDeclaredStore:
                 if "=" in name:
                     raise FakeDeclarationError(f"environment[{i}].name", "cannot contain '='")
         except FakeDeclarationError:
-            if touched is not None:
-                touched.add(pid)
+            self._keep(pid, declarer)  # a rejected re-declaration keeps what the pid had
             raise
         self.held[pid] = {
             "start": start_time_ticks,
@@ -55,9 +55,13 @@ class FakeDeclaredStore:
             "context": process_context,
             "resource": profiler_resource,
         }
-        if touched is not None:
-            touched.add(pid)
+        self._keep(pid, declarer)
         return self.held[pid]
+
+    def _keep(self, pid, declarer):
+        for r in self.resyncs:
+            if r["declarer"] == declarer:
+                r["kept"].add(pid)
 
     def exit(self, pid, start_time_ticks=0):
         if not 1 <= pid <= 4_194_304:
@@ -71,29 +75,41 @@ class FakeDeclaredStore:
         return 1
 
     def begin_resync(self, declarer):
-        self.resync[declarer] = set()
+        resync = {"declarer": declarer, "kept": set()}
+        self.resyncs.append(resync)
+        return resync
 
-    def abort_resync(self, declarer):
-        return self.resync.pop(declarer, None) is not None
+    def _in_progress(self, resync):
+        return any(r is resync for r in self.resyncs)
 
-    def end_resync(self, declarer):
-        if declarer not in self.resync:
+    def abort_resync(self, resync):
+        if self._in_progress(resync):
+            self.resyncs = [r for r in self.resyncs if r is not resync]
+            return True
+        return False
+
+    def end_resync(self, resync):
+        if not self._in_progress(resync):
             raise FakeDeclarationError("resync_end", "no resynchronisation in progress")
-        touched = self.resync.pop(declarer)
-        gone = [p for p, e in self.held.items() if e["declarer"] == declarer and p not in touched]
+        self.resyncs = [r for r in self.resyncs if r is not resync]
+        gone = [
+            p
+            for p, e in self.held.items()
+            if e["declarer"] == resync["declarer"] and p not in resync["kept"]
+        ]
         for p in gone:
             del self.held[p]
         return len(gone)
 
     def replace_all(self, declarer, declarations, on_error=None):
-        self.begin_resync(declarer)
+        resync = self.begin_resync(declarer)
         for i, item in enumerate(declarations):
             try:
                 self.declare(*item, declarer)
             except FakeDeclarationError as exc:
                 if on_error is not None:
                     on_error(i, exc)
-        return self.end_resync(declarer)
+        return self.end_resync(resync)
 
     def lookup(self, pid):
         entry = self.held.get(pid)
@@ -161,6 +177,23 @@ class Sidecar:
 
     def health_stub(self, **kw: Any) -> health_pb2_grpc.HealthStub:
         return health_pb2_grpc.HealthStub(self.channel(**kw))
+
+    def pull_concurrently(self, n: int) -> list[int]:
+        """``n`` Pulls at once (released together by a barrier); the data points of each."""
+        results: list[int] = []
+        barrier = threading.Barrier(n)
+
+        def puller() -> None:
+            barrier.wait(timeout=TIMEOUT)
+            r = self.pull_stub().Pull(pull_pb2.PullRequest(consumer="p"), timeout=TIMEOUT)
+            results.append(r.data_points)
+
+        threads = [threading.Thread(target=puller) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=TIMEOUT)
+        return results
 
     def close(self) -> None:
         for ch in self.channels:

@@ -99,8 +99,8 @@ def test_stream_ending_inside_a_resync_abandons_it_without_releasing(sidecar):
     aborted = threading.Event()
 
     class Store(DeclaredStore):
-        def abort_resync(self, declarer: str) -> bool:
-            result = super().abort_resync(declarer)
+        def abort_resync(self, resync) -> bool:
+            result = super().abort_resync(resync)
             aborted.set()
             return result
 

@@ -1,11 +1,8 @@
 from __future__ import annotations
 
-import threading
-
 import grpc
 import pytest
 from gpumetrics.v1 import profiler_pb2 as pb
-from gpumetrics.v1 import pull_pb2
 
 from .conftest import TIMEOUT, StreamClient
 
@@ -162,20 +159,7 @@ def test_streams_beyond_the_limit_are_refused_and_pull_is_not_starved(sidecar):
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     refused.abandon()
     # both remaining workers still answer unary calls, several at once
-    results: list[int] = []
-    barrier = threading.Barrier(2)
-
-    def puller() -> None:
-        barrier.wait(timeout=TIMEOUT)
-        r = sc.pull_stub().Pull(pull_pb2.PullRequest(consumer="p"), timeout=TIMEOUT)
-        results.append(r.data_points)
-
-    threads = [threading.Thread(target=puller) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=TIMEOUT)
-    assert results == [1, 1]
+    assert sc.pull_concurrently(2) == [1, 1]
     assert (
         sc.telemetry.value(
             "gpumetrics.server.rejected_calls",

@@ -99,7 +99,10 @@ def make_leaf(ca_key, ca_cert, cn: str, server: bool) -> Pem:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    d: Path = tmp_path_factory.mktemp("pki")
+    return build_pki(tmp_path_factory.mktemp("pki"))
+
+
+def build_pki(d: Path) -> dict:
     ca, ca_key, ca_cert = make_ca("gpumetrics test CA")
     other, other_key, other_cert = make_ca("someone else's CA")
     server = make_leaf(ca_key, ca_cert, "sidecar", server=True)
@@ -113,7 +116,14 @@ def pki(tmp_path_factory):
     }.items():
         (d / name).write_bytes(data)
         files[name] = d / name
-    return {"files": files, "ca": ca, "other": other, "client": client, "stranger": stranger}
+    return {
+        "files": files,
+        "ca": ca,
+        "ca_key_cert": (ca_key, ca_cert),
+        "other": other,
+        "client": client,
+        "stranger": stranger,
+    }
 
 
 def tls_settings(pki, mtls: bool = False) -> dict:
@@ -159,9 +169,9 @@ def test_mtls_certificate_names_the_declarer(sidecar, pki):
     stub = sc.profiler_stub(credentials=creds(pki["ca"].cert, pki["client"]))
     req = pb.DeclareProcessesRequest(processes=[pb.ProcessDeclaration(pid=1)])
     stub.DeclareProcesses(req, timeout=TIMEOUT)
-    assert sc.declared.held[1]["declarer"] == "x509:profiler-agent"
+    assert sc.declared.held[1]["declarer"] == "x509:cn=profiler-agent"
     stub.DeclareProcesses(req, metadata=(("gpumetrics-declarer", "node-7"),), timeout=TIMEOUT)
-    assert sc.declared.held[1]["declarer"] == "x509:profiler-agent/node-7"
+    assert sc.declared.held[1]["declarer"] == "x509:cn=profiler-agent#node-7"
 
 
 def test_non_loopback_listen_with_tls_and_mtls_is_allowed(sidecar, pki):

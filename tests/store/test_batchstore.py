@@ -244,7 +244,12 @@ def test_points_limit_drops_oldest_and_charges_only_consumers_that_had_not_acked
     store.append(make_request(10))
     store.append(make_request(10))  # 40 held > 30: batch 1 (acked by fast only) is dropped
     s = store.stats()
-    assert s.dropped_points == {"max_age": 0, "max_data_points": 10, "max_bytes": 0}
+    assert s.dropped_points == {
+        "max_age": 0,
+        "max_data_points": 10,
+        "max_bytes": 0,
+        "max_batch_bytes": 0,
+    }
     fast = store.pull("fast", ack_only=True)
     slow = store.pull("slow", ack_only=True)
     assert (fast.dropped_data_points, fast.drop_reasons) == (0, ())

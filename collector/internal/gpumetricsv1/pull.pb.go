@@ -43,8 +43,9 @@ type PullRequest struct {
 	// At most 128 bytes of [A-Za-z0-9._:/-].
 	Consumer string `protobuf:"bytes,1,opt,name=consumer,proto3" json:"consumer,omitempty"`
 	// Everything with sequence <= ack_sequence has been durably taken by this consumer and may be
-	// released. 0 acknowledges nothing. Clamped to the highest sequence this consumer has been
-	// sent, and never moves the acknowledged cursor back. Ignored when ack_epoch does not match the
+	// released. 0 acknowledges nothing. Clamped to the end of the unbroken run of batches this
+	// consumer has been sent from its cursor on (batches skipped with read_after_sequence do not
+	// count), and never moves the acknowledged cursor back. Ignored when ack_epoch does not match the
 	// store's epoch (the sidecar restarted and its sequences began again).
 	AckSequence uint64 `protobuf:"varint,2,opt,name=ack_sequence,json=ackSequence,proto3" json:"ack_sequence,omitempty"`
 	// The store epoch ack_sequence and read_after_sequence belong to, as returned in
@@ -54,7 +55,9 @@ type PullRequest struct {
 	// than the bound is still returned whole, alone.
 	MaxDataPoints uint32 `protobuf:"varint,4,opt,name=max_data_points,json=maxDataPoints,proto3" json:"max_data_points,omitempty"`
 	// Upper bound on the serialized size of export_metrics_service_request in bytes
-	// (0 = the server's default). A single larger batch is still returned whole, alone.
+	// (0 = the server's default; larger values are clamped to the server's per-answer cap). A
+	// single larger batch is still returned whole, alone; no batch is larger than the server's
+	// default answer (a larger collection is stored as several batches).
 	MaxBytes uint64 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	// How the previous response's data fared in the consumer's pipeline, like OTLP's
 	// ExportMetricsPartialSuccess. Reported in the sidecar's self-telemetry; it does not
@@ -245,7 +248,8 @@ type PullResponse struct {
 	// since its previous Pull, and in total since it first pulled from this epoch.
 	DroppedDataPoints      uint64 `protobuf:"varint,7,opt,name=dropped_data_points,json=droppedDataPoints,proto3" json:"dropped_data_points,omitempty"`
 	DroppedDataPointsTotal uint64 `protobuf:"varint,8,opt,name=dropped_data_points_total,json=droppedDataPointsTotal,proto3" json:"dropped_data_points_total,omitempty"`
-	// Why points were dropped since the previous Pull ("max_bytes", "max_data_points", "max_age").
+	// Why points were dropped since the previous Pull ("max_bytes", "max_data_points", "max_age",
+	// "max_batch_bytes").
 	DropReasons   []string `protobuf:"bytes,9,rep,name=drop_reasons,json=dropReasons,proto3" json:"drop_reasons,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

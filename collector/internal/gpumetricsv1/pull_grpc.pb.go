@@ -51,11 +51,13 @@ type MetricsPullServiceClient interface {
 	//	UNAUTHENTICATED: no bearer token, or an unknown one (when the sidecar requires tokens);
 	//	PERMISSION_DENIED: a token that may only declare processes (a declare token);
 	//	INVALID_ARGUMENT: a malformed request; the message starts with the field (`consumer: ...`);
-	//	UNAVAILABLE: nothing collected yet, or the sidecar is unreachable; retry with back-off;
+	//	UNAVAILABLE: nothing collected yet, the answers in flight use the sidecar's whole budget
+	//	  for them, or the sidecar is unreachable; retry with back-off;
 	//	RESOURCE_EXHAUSTED: a new consumer beyond the store's consumer limit, a request larger than
 	//	  the server's receive limit, or more calls in flight than the server allows.
 	//
-	// Nothing held changes when a Pull fails.
+	// Nothing held changes when a Pull fails, including a Pull whose answer never arrived (the
+	// call was cancelled or its connection broke): its delivery is taken back.
 	Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (*PullResponse, error)
 }
 
@@ -91,11 +93,13 @@ type MetricsPullServiceServer interface {
 	//	UNAUTHENTICATED: no bearer token, or an unknown one (when the sidecar requires tokens);
 	//	PERMISSION_DENIED: a token that may only declare processes (a declare token);
 	//	INVALID_ARGUMENT: a malformed request; the message starts with the field (`consumer: ...`);
-	//	UNAVAILABLE: nothing collected yet, or the sidecar is unreachable; retry with back-off;
+	//	UNAVAILABLE: nothing collected yet, the answers in flight use the sidecar's whole budget
+	//	  for them, or the sidecar is unreachable; retry with back-off;
 	//	RESOURCE_EXHAUSTED: a new consumer beyond the store's consumer limit, a request larger than
 	//	  the server's receive limit, or more calls in flight than the server allows.
 	//
-	// Nothing held changes when a Pull fails.
+	// Nothing held changes when a Pull fails, including a Pull whose answer never arrived (the
+	// call was cancelled or its connection broke): its delivery is taken back.
 	Pull(context.Context, *PullRequest) (*PullResponse, error)
 	mustEmbedUnimplementedMetricsPullServiceServer()
 }

@@ -191,15 +191,28 @@ def format_validation_error(
         path = _loc_path(tuple(err.get("loc", ())))
         match = _FIELD_PREFIX.match(msg)
         if match:
-            field = match.group(1)
-            if not (path == field or path.endswith("." + field)):
-                path = f"{path}.{field}" if path else field
+            path = _join_field(path, match.group(1))
             msg = match.group(2)
         if err.get("type") == "extra_forbidden":
             msg = "unknown setting"
         source = _source_of(path, sources or {}) or default_source
         lines.append(f"'{path}'" + (f" (from {source})" if source else "") + f": {msg}")
     return lines
+
+
+def _join_field(path: str, field: str) -> str:
+    """Attach a validator's ``field`` (relative, e.g. ``listen[0]``) to the error's ``path``.
+
+    A field validator of ``server.listen`` names the item it rejects (``listen[0]``): that is
+    the last segment of the path made more precise, so it replaces it (``server.listen[0]``)
+    rather than being appended to it (``server.listen.listen[0]``).
+    """
+    if path == field or path.endswith("." + field):
+        return path
+    parent, _, last = path.rpartition(".")
+    if last and field.startswith(last + "["):
+        return f"{parent}.{field}" if parent else field
+    return f"{path}.{field}" if path else field
 
 
 def _source_of(path: str, sources: Mapping[str, str]) -> str | None:

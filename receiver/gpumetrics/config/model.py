@@ -31,6 +31,7 @@ from gpumetrics.store import StoreLimits
 from gpumetrics.store import limits as _limits
 
 __all__ = [
+    "RESOURCE_ENVELOPE_BYTES",
     "DeclaredLimits",
     "IdentitySettings",
     "LogSettings",
@@ -39,6 +40,7 @@ __all__ = [
     "RuntimeSettings",
     "SidecarConfig",
     "StoreSettings",
+    "batch_cap",
     "default_config",
 ]
 
@@ -86,6 +88,8 @@ class DeclaredLimits(BaseModel):
         max_process_context_bytes: largest OTEP 4719 process-context payload (By).
         max_environment_bytes: largest sum of captured environment names and values (By).
         max_profiler_resource_bytes: largest profiler-supplied resource (By).
+        max_bytes: memory the decoded declarations may hold in all (By, estimated per entry);
+            a declaration that does not fit is rejected, naming this setting.
 
     """
 
@@ -99,6 +103,7 @@ class DeclaredLimits(BaseModel):
     max_profiler_resource_bytes: int = Field(
         default=_declared_default("max_profiler_resource_bytes"), ge=1
     )
+    max_bytes: int = Field(default=_declared_default("max_bytes"), ge=1)
 
 
 class IdentitySettings(BaseModel):
@@ -269,6 +274,38 @@ class SidecarConfig(BaseModel):
     plugin: PluginSettings = Field(default_factory=lambda: PluginSettings())
     log: LogSettings = Field(default_factory=lambda: LogSettings())
 
+    @property
+    def max_batch_bytes(self) -> int:
+        """Largest batch the store keeps (By): what a default Pull answer and a push export hold.
+
+        Larger collections are split into several batches (``BatchStore(max_batch_bytes=...)``).
+        """
+        return batch_cap(self.server, self.push)
+
+    @model_validator(mode="after")
+    def _batches_hold_a_resource(self) -> SidecarConfig:
+        # one data point of a process carries that process's whole resource: the batch bound
+        # must leave room for the largest one the declared-store limits let a profiler create
+        d = self.identity.declared
+        declared = (
+            d.max_process_context_bytes + d.max_environment_bytes + d.max_profiler_resource_bytes
+        )
+        need = declared + RESOURCE_ENVELOPE_BYTES
+        if self.max_batch_bytes < need:
+            by_push = self.push.max_bytes_per_export < self.server.pull_default_max_bytes
+            field = (
+                "push.max_bytes_per_export"
+                if self.push.endpoint and by_push
+                else "server.pull_default_max_bytes"
+            )
+            raise ValueError(
+                f"{field}: {self.max_batch_bytes} bytes cannot hold one process's resource: "
+                f"identity.declared.* let a profiler declare {declared} bytes of attributes "
+                f"(plus {RESOURCE_ENVELOPE_BYTES} for the rest); raise it to at least {need} "
+                "or lower identity.declared.*"
+            )
+        return self
+
     @model_validator(mode="after")
     def _one_proc_root(self) -> SidecarConfig:
         collection_root = self.collection.proc_root
@@ -286,6 +323,23 @@ class SidecarConfig(BaseModel):
                 self.collection.model_copy(update={"proc_root": self.identity.proc_root}),
             )
         return self
+
+
+RESOURCE_ENVELOPE_BYTES = 64 * 1024
+"""Room for what a process's resource holds besides declared attributes (host, pid, executable
+path up to ``PATH_MAX``, container id), its scope, one metric and one data point."""
+
+
+def batch_cap(server: ServerSettings, push: PushSettings) -> int:
+    """Return the largest batch the store may keep for these settings (By).
+
+    A default Pull answer (``server.pull_default_max_bytes``) must hold any batch, and so must a
+    push export (``push.max_bytes_per_export``) when push is on.
+    """
+    cap = server.pull_default_max_bytes
+    if push.endpoint:
+        cap = min(cap, push.max_bytes_per_export)
+    return cap
 
 
 def default_config() -> SidecarConfig:

@@ -2,10 +2,25 @@
 
 A reused pid never inherits a dead process's identity (NVML field case F16, pid reuse): a
 declaration whose start time differs from the live process's (read from procfs through the
-injected ``start_time_reader``) is not returned, and is released. The store is bounded: at
-``max_processes`` a new pid first makes the store release exited or reused entries (a sweep over
-procfs, at most once per ``sweep_interval_ns``), then the least recently declared ones; both are
-counted. Exits and resynchronisations (``ProfilerIntegrationService``) release entries too.
+injected ``start_time_reader``) is not returned, and is released. Exits and resynchronisations
+(``ProfilerIntegrationService``) release entries too.
+
+The store is bounded twice:
+
+* by **count**: at ``max_processes`` a new pid first makes the store release exited or reused
+  entries (a sweep over procfs, at most once per ``sweep_interval_ns``), then the least recently
+  declared ones; both are counted;
+* by **bytes held**: every entry is charged its decoded size
+  (:func:`~gpumetrics.identity.footprint.declared_bytes`), and a declaration that would take the
+  total past ``max_bytes`` is rejected (after the same sweep), naming the limit; nothing held is
+  evicted to make room for it.
+
+A resynchronisation is a :class:`Resync` handle owned by whoever began it (one stream, one
+``replace_all`` call): two streams of the same declarer, say an agent that reconnected while its
+old stream is still open, each have their own. It holds no per-pid state: a re-declaration gets a
+newer sequence, and a *rejected* re-declaration of a pid the declarer holds marks that entry as
+re-declared too, so what it had is kept; ending the resync releases the declarer's entries older
+than its beginning.
 
 Thread-safe: the gRPC servicer declares from several threads while the producer looks up. The
 lock is never held during procfs reads or protobuf decoding.
@@ -30,6 +45,7 @@ from gpumetrics.identity.declaration import (
     validate_pid,
     validate_start_time,
 )
+from gpumetrics.identity.footprint import declared_bytes
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +68,49 @@ class DeclaredStoreStats:
     evicted_stale: int
     """Released by a full-store sweep: exited or reused pid."""
     evicted_oldest: int
+    held_bytes: int = 0
+    """Estimated memory of the declarations held (By)."""
+    max_bytes: int = 0
+    rejected_bytes: int = 0
+    """Declarations rejected because they did not fit ``max_bytes`` (part of ``rejected``)."""
+
+
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+"""Default ``max_bytes``: 64 MiB of decoded declarations (about 20,000 typical ones of ~3 KiB,
+or 40 with every field at its 64 KiB limit)."""
 
 
 @dataclass(slots=True)
 class _Entry:
     declared: Declared
     seq: int
+    size: int
 
 
-@dataclass(slots=True)
-class _Resync:
+@dataclass(slots=True, eq=False)
+class Resync:
+    """A resynchronisation in progress, returned by :meth:`DeclaredStore.begin_resync`.
+
+    Attributes:
+        declarer: whose declarations it replaces.
+        begin_seq: the store's sequence when it began; the declarer's entries not re-declared
+            since (sequence <= this) are released by :meth:`DeclaredStore.end_resync`.
+
+    """
+
+    declarer: str
     begin_seq: int
-    touched: set[int]
+
+
+def _wire_size(process_context: object, environment: object, profiler_resource: object) -> int:
+    """Bytes of the declaration's fields as received (0 when a field is not bytes-like)."""
+    try:
+        total = len(process_context) + len(profiler_resource)  # type: ignore[arg-type]
+        for name, value in environment:  # type: ignore[attr-defined]
+            total += len(name) + len(value)
+    except (TypeError, ValueError):
+        return 0  # the validation names the field
+    return total
 
 
 class DeclaredStore:
@@ -78,8 +125,10 @@ class DeclaredStore:
         clock: ns since the Unix epoch (``declared_at_ns`` and the sweep interval).
         start_time_reader: live start time of a pid; None disables pid-reuse checks.
         sweep_interval_ns: least time between two procfs sweeps of a full store.
-        max_resyncs: most resynchronisations in progress at once (one per declarer); declarer
-            names come from clients, so this bounds the state they can create.
+        max_resyncs: most resynchronisations in progress at once (one per open stream or
+            ``replace_all`` call); each holds two fields, whatever its declarer does.
+        max_bytes: most memory (By) the decoded declarations may hold, estimated by
+            :func:`~gpumetrics.identity.footprint.declared_bytes`.
 
     Raises:
         ValueError: a limit is not positive.
@@ -98,8 +147,10 @@ class DeclaredStore:
         start_time_reader: StartTimeReader | None = None,
         sweep_interval_ns: int = 10_000_000_000,
         max_resyncs: int = 64,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         for name, value in (
+            ("max_bytes", max_bytes),
             ("max_processes", max_processes),
             ("max_process_context_bytes", max_process_context_bytes),
             ("max_environment_bytes", max_environment_bytes),
@@ -121,8 +172,10 @@ class DeclaredStore:
         self._sweep_ns = sweep_interval_ns
         self._last_sweep: int | None = None
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
-        self._resync: dict[str, _Resync] = {}
+        self._resyncs: set[Resync] = set()
         self._max_resyncs = max_resyncs
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._seq = 0
         self._lock = threading.Lock()
         self._n = dict.fromkeys(
@@ -134,6 +187,7 @@ class DeclaredStore:
                 "released_stale",
                 "evicted_stale",
                 "evicted_oldest",
+                "rejected_bytes",
             ),
             0,
         )
@@ -141,11 +195,20 @@ class DeclaredStore:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def held_bytes(self) -> int:
+        """Estimated memory of the declarations held (By)."""
+        return self._bytes
+
     def stats(self) -> DeclaredStoreStats:
         """Return the current counters."""
         with self._lock:
             return DeclaredStoreStats(
-                processes=len(self._entries), max_processes=self._max, **self._n
+                processes=len(self._entries),
+                max_processes=self._max,
+                held_bytes=self._bytes,
+                max_bytes=self._max_bytes,
+                **self._n,
             )
 
     def declare(
@@ -171,11 +234,18 @@ class DeclaredStore:
             The held :class:`Declared`.
 
         Raises:
-            DeclarationError: naming the field; nothing already held changes. During a resync
-                of ``declarer`` a rejected pid still counts as re-declared, so its previous
-                declaration is kept rather than released.
+            DeclarationError: naming the field; nothing already held changes. A declaration
+                that does not fit ``max_bytes`` is rejected as a whole (empty ``field``), with
+                a reason naming ``identity.declared.max_bytes``. When ``pid`` already holds a
+                declaration of the same ``declarer``, a rejected one counts as a re-declaration
+                for the resynchronisations in progress, so what it had is kept.
 
         """
+        wire = _wire_size(process_context, environment, profiler_resource)
+        if wire and not self._may_fit(pid, wire):
+            # decoded attributes take at least their wire size: refuse before decoding
+            self._reject(pid, declarer, rejected_bytes=True)
+            raise self._too_big(f"at least {wire} bytes", pid)
         try:
             declared = validate_declaration(
                 pid,
@@ -188,27 +258,70 @@ class DeclaredStore:
                 limits=self._limits,
             )
         except DeclarationError:
-            with self._lock:
-                self._n["rejected"] += 1
-                state = self._resync.get(declarer)
-                if state is not None and isinstance(pid, int):
-                    state.touched.add(pid)
+            self._reject(pid, declarer)
             raise
-        if pid not in self._entries and len(self._entries) >= self._max:
+        size = declared_bytes(declared)
+        with self._lock:
+            full = size > self._free_for(pid) or (
+                pid not in self._entries and len(self._entries) >= self._max
+            )
+        if full:
             self._maybe_sweep()
         with self._lock:
-            self._seq += 1
-            old = self._entries.pop(pid, None)
-            if old is None:
-                while len(self._entries) >= self._max:
-                    self._entries.popitem(last=False)
-                    self._n["evicted_oldest"] += 1
-            self._entries[pid] = _Entry(declared, self._seq)
-            self._n["declared"] += 1
-            state = self._resync.get(declarer)
-            if state is not None:
-                state.touched.add(pid)
-        return declared
+            if size <= self._free_for(pid):
+                old = self._entries.get(pid)
+                self._seq += 1
+                if old is not None:
+                    self._remove(pid)
+                else:
+                    while len(self._entries) >= self._max:
+                        self._remove(next(iter(self._entries)))
+                        self._n["evicted_oldest"] += 1
+                self._entries[pid] = _Entry(declared, self._seq, size)
+                self._bytes += size
+                self._n["declared"] += 1
+                return declared
+        self._reject(pid, declarer, rejected_bytes=True)
+        raise self._too_big(f"about {size} bytes once decoded", pid)
+
+    def _free_for(self, pid: object) -> int:
+        """Bytes a declaration of ``pid`` may take (what it replaces counts as free)."""
+        held = self._entries.get(pid) if isinstance(pid, int) else None
+        return self._max_bytes - self._bytes + (held.size if held else 0)
+
+    def _may_fit(self, pid: object, wire: int) -> bool:
+        """Whether ``wire`` bytes could fit, after releasing exited and reused pids if needed."""
+        with self._lock:
+            if wire <= self._free_for(pid):
+                return True
+        self._maybe_sweep()
+        with self._lock:
+            return wire <= self._free_for(pid)
+
+    def _too_big(self, needs: str, pid: object) -> DeclarationError:
+        with self._lock:
+            free = max(0, self._free_for(pid))
+        return DeclarationError(
+            "",
+            f"needs {needs} and only {free} of {self._max_bytes} bytes are free "
+            "(identity.declared.max_bytes); declare fewer or smaller attributes, or raise the "
+            "limit",
+        )
+
+    def _reject(self, pid: object, declarer: str, rejected_bytes: bool = False) -> None:
+        """Count a rejected declaration; keep a same-declarer entry of ``pid`` for resyncs."""
+        with self._lock:
+            self._n["rejected"] += 1
+            self._n["rejected_bytes"] += rejected_bytes
+            entry = self._entries.get(pid) if isinstance(pid, int) else None
+            if entry is not None and entry.declared.declarer == declarer:
+                self._seq += 1
+                entry.seq = self._seq
+
+    def _remove(self, pid: int) -> None:
+        """Forget ``pid`` and its bytes (under the lock)."""
+        entry = self._entries.pop(pid)
+        self._bytes -= entry.size
 
     def _maybe_sweep(self) -> None:
         """Release exited/reused entries, reading procfs outside the lock."""
@@ -230,7 +343,7 @@ class DeclaredStore:
         with self._lock:
             for pid, entry in stale:
                 if self._entries.get(pid) is entry:
-                    del self._entries[pid]
+                    self._remove(pid)
                     self._n["evicted_stale"] += 1
 
     def exit(self, pid: int, start_time_ticks: int = 0) -> int:
@@ -257,69 +370,76 @@ class DeclaredStore:
             held = entry.declared.start_time_ticks
             if start_time_ticks and held and held != start_time_ticks:
                 return 0
-            del self._entries[pid]
+            self._remove(pid)
             self._n["released_exit"] += 1
             return 1
 
-    def begin_resync(self, declarer: str) -> None:
-        """Start a resynchronisation of ``declarer``.
+    def begin_resync(self, declarer: str) -> Resync:
+        """Start a resynchronisation of ``declarer``; return its handle.
 
-        Its declarations until :meth:`end_resync` are its complete view. A second begin
-        restarts it.
+        The declarer's declarations from now until :meth:`end_resync` of this handle are its
+        complete view. Each caller (a stream, a ``replace_all`` call) has its own handle: another
+        stream of the same declarer neither restarts nor ends it.
 
         Raises:
-            DeclarationError: field ``resync_begin`` when ``max_resyncs`` other declarers are
-                already resynchronising.
+            DeclarationError: field ``resync_begin`` when ``max_resyncs`` are in progress.
 
         """
         with self._lock:
-            if declarer not in self._resync and len(self._resync) >= self._max_resyncs:
+            if len(self._resyncs) >= self._max_resyncs:
                 raise DeclarationError(
                     "resync_begin",
                     f"{self._max_resyncs} resynchronisations already in progress",
                 )
-            self._resync[declarer] = _Resync(self._seq, set())
+            resync = Resync(declarer, self._seq)
+            self._resyncs.add(resync)
+            return resync
 
-    def abort_resync(self, declarer: str) -> bool:
-        """Abandon ``declarer``'s resynchronisation without releasing anything.
+    def abort_resync(self, resync: Resync) -> bool:
+        """Abandon ``resync`` without releasing anything.
 
-        Used when the stream that began it ends before ``ResyncEnd``: what was declared stays
-        held, and the next begin starts afresh.
+        Used when the stream that began it ends before ``ResyncEnd``, or begins another one:
+        what was declared stays held.
 
         Returns:
-            True when a resynchronisation was in progress.
+            True when it was in progress.
 
         """
         with self._lock:
-            return self._resync.pop(declarer, None) is not None
+            if resync in self._resyncs:
+                self._resyncs.discard(resync)
+                return True
+            return False
 
-    def end_resync(self, declarer: str) -> int:
-        """End a resynchronisation of ``declarer``.
-
-        Releases what ``declarer`` declared before it began and did not declare since.
+    def end_resync(self, resync: Resync) -> int:
+        """End ``resync``: release what its declarer declared before it began and not since.
 
         Returns:
             The number of declarations released.
 
         Raises:
-            DeclarationError: field ``resync_end`` when no resync of ``declarer`` is in progress.
+            DeclarationError: field ``resync_end`` when ``resync`` is not in progress.
 
         """
         with self._lock:
-            state = self._resync.pop(declarer, None)
-            if state is None:
+            if resync not in self._resyncs:
                 raise DeclarationError("resync_end", "no resynchronisation in progress")
+            self._resyncs.discard(resync)
             gone = [
                 pid
                 for pid, e in self._entries.items()
-                if e.declared.declarer == declarer
-                and e.seq <= state.begin_seq
-                and pid not in state.touched
+                if e.declared.declarer == resync.declarer and e.seq <= resync.begin_seq
             ]
             for pid in gone:
-                del self._entries[pid]
+                self._remove(pid)
             self._n["released_resync"] += len(gone)
             return len(gone)
+
+    @property
+    def resyncs_in_progress(self) -> int:
+        """Resynchronisations begun and not yet ended or abandoned."""
+        with self._lock:
+            return len(self._resyncs)
 
     def replace_all(
         self,
@@ -336,17 +456,21 @@ class DeclaredStore:
             The number of earlier declarations released because the batch omitted them.
 
         """
-        self.begin_resync(declarer)
-        for index, item in enumerate(declarations):
-            pid, start, ctx, env, res = item
-            try:
-                self.declare(pid, start, ctx, env, res, declarer)
-            except DeclarationError as exc:
-                if on_error is not None:
-                    on_error(index, exc)
-                else:
-                    log.warning("declaration %d (pid %s) rejected: %s", index, pid, exc)
-        return self.end_resync(declarer)
+        resync = self.begin_resync(declarer)
+        try:
+            for index, item in enumerate(declarations):
+                pid, start, ctx, env, res = item
+                try:
+                    self.declare(pid, start, ctx, env, res, declarer)
+                except DeclarationError as exc:
+                    if on_error is not None:
+                        on_error(index, exc)
+                    else:
+                        log.warning("declaration %d (pid %s) rejected: %s", index, pid, exc)
+        except BaseException:
+            self.abort_resync(resync)
+            raise
+        return self.end_resync(resync)
 
     def lookup(self, pid: int) -> tuple[Declared | None, bool]:
         """Return ``(declared, True)`` for a live declared ``pid``, else ``(None, False)``.
@@ -371,7 +495,7 @@ class DeclaredStore:
                 return None, False
             held = entry.declared.start_time_ticks
             if held and live_start_time_ticks is not None and held != live_start_time_ticks:
-                del self._entries[pid]
+                self._remove(pid)
                 self._n["released_stale"] += 1
                 return None, False
             return entry.declared, True

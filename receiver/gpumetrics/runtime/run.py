@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from gpumetrics.config import SidecarConfig
+from gpumetrics.runtime.memory import return_large_buffers_to_the_os
 from gpumetrics.runtime.parent import ParentWatcher
 from gpumetrics.runtime.sidecar import Sidecar
 from gpumetrics.service.auth import AuthPolicy
@@ -62,6 +63,7 @@ def _exit_code(sidecar: Sidecar) -> int:
 
 def serve_standalone(config: SidecarConfig, make: SidecarFactory = Sidecar, **kwargs: Any) -> int:
     """Run until SIGTERM/SIGINT (or ``sidecar.request_stop``); return the exit code."""
+    return_large_buffers_to_the_os()
     sidecar = make(config, **kwargs)
     _install_signals(sidecar, ignore_sigint=False)
     try:
@@ -89,6 +91,7 @@ def serve_plugin(
 
     """
     env = PluginEnvironment.from_environ(os.environ if environ is None else environ)
+    return_large_buffers_to_the_os()
     server_settings = config.server.model_copy(update={"listen": []})
     sidecar = make(config, server_settings=server_settings, **kwargs)
     server = sidecar.parts.server

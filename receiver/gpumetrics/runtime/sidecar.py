@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpumetrics.config import ConfigError, SidecarConfig
+from gpumetrics.config.model import batch_cap
 from gpumetrics.identity import (
     DeclaredStore,
     IdentityMode,
@@ -239,7 +240,11 @@ class Sidecar:
         if config.kubernetes.enabled(in_k8s):
             attribution = PodAttribution(config.kubernetes, telemetry)
             producer.set_device_attribution(attribution)
-        store = BatchStore(config.store.limits(), telemetry=telemetry)
+        store = BatchStore(
+            config.store.limits(),
+            telemetry=telemetry,
+            max_batch_bytes=batch_cap(server_settings, config.push),
+        )
         try:
             server = SidecarServer(server_settings, store, declared, health, telemetry)
         except SettingError as exc:

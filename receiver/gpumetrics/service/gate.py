@@ -6,12 +6,15 @@ One :class:`Gatekeeper` per ``grpc.Server``:
    checked against the call's bearer token; a refused call never reaches a servicer and is
    answered UNAUTHENTICATED or PERMISSION_DENIED. The check runs in grpcio's polling thread
    (it must be quick: a dictionary lookup and constant-time compares).
-2. **Stream slots.** In grpcio's synchronous server each open streaming call holds a worker
-   thread for its whole life (style item 14; grpc PR #17747). The pool has
-   ``max_streams + unary_workers`` threads; at most ``max_streams`` streaming calls run at once,
-   and one more is refused with RESOURCE_EXHAUSTED at once, so ``unary_workers`` threads always
-   remain for Pull, Check and declarations. Health ``Watch`` is non-blocking (it holds no
-   thread) and is not counted.
+2. **Stream slots, per service.** In grpcio's synchronous server each open streaming call holds
+   a worker thread for its whole life (style item 14; grpc PR #17747). So every service with
+   streaming methods (the profiler's ``StreamDeclarations``, reflection, go-plugin's
+   ``StreamStdio``) gets its own :class:`StreamSlots`: ``max_streams`` slots and a thread pool of
+   its own (grpcio's per-method ``experimental_thread_pool``), one thread more than its slots, so
+   one stream beyond the limit is refused with RESOURCE_EXHAUSTED at once. Streams never run on
+   the server's pool, which keeps all of its ``unary_workers`` threads for Pull, Check and
+   declarations, and one service's streams (four idle reflection streams, say) never take
+   another's slots. Health ``Watch`` is non-blocking (it holds no thread) and is not counted.
 3. **Malformed requests.** grpcio answers a request it cannot parse with INTERNAL; here the
    parse error becomes INVALID_ARGUMENT naming the message type, before any servicer code runs.
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
 from typing import Any
 
 import grpc
@@ -49,19 +53,31 @@ class _Malformed:
 
 
 class StreamSlots:
-    """Counts open streaming calls against a limit (one per worker thread they hold).
+    """Counts the open streaming calls of one service against a limit, on threads of their own.
 
     Args:
         limit: most streaming calls open at once (>= 1).
+        name: the service (names the pool's threads).
+
+    Attributes:
+        pool: the threads the service's streams run on (``limit + 1``: the extra one refuses a
+            stream beyond the limit at once). Created threads stay until :meth:`close`.
 
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, name: str = "streams") -> None:
         if limit < 1:
             raise ValueError(f"max_streams: must be >= 1, got {limit}")
         self.limit = limit
         self._cond = threading.Condition()
         self._open = 0
+        self.pool = futures.ThreadPoolExecutor(
+            max_workers=limit + 1, thread_name_prefix=f"grpc-{name.rsplit('.', 1)[-1]}"
+        )
+
+    def close(self) -> None:
+        """Let the pool's threads end once their calls have (the server has stopped)."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def open(self) -> int:
@@ -95,9 +111,10 @@ class Gatekeeper(grpc.ServerInterceptor):
     Args:
         auth: the configured tokens.
         policies: service name → policy; services not listed get ``default_policy``.
-        slots: the stream slots of this server's thread pool.
+        max_streams: streaming calls open at once per service (each service its own).
         telemetry: receives ``gpumetrics.server.rejected_calls``.
         default_policy: policy of services not in ``policies`` (default: either token).
+        name: names the stream threads (``grpc-<role>-<service>``).
 
     """
 
@@ -105,14 +122,20 @@ class Gatekeeper(grpc.ServerInterceptor):
         self,
         auth: TokenAuth,
         policies: Mapping[str, AuthPolicy],
-        slots: StreamSlots,
+        max_streams: int,
         telemetry: SelfTelemetry = NO_TELEMETRY,
         default_policy: AuthPolicy = AuthPolicy.ANY,
+        name: str = "grpc",
     ) -> None:
+        if max_streams < 1:
+            raise ValueError(f"max_streams: must be >= 1, got {max_streams}")
         self._auth = auth
         self._policies = dict(policies)
         self._default = default_policy
-        self.slots = slots
+        self.max_streams = max_streams
+        self._name = name
+        self._slots: dict[str, StreamSlots] = {}
+        self._slots_lock = threading.Lock()
         self._telemetry = telemetry
         self._logged_lock = threading.Lock()
         self._logged: set[tuple[str, str, str]] = set()
@@ -120,6 +143,36 @@ class Gatekeeper(grpc.ServerInterceptor):
     def set_policy(self, service: str, policy: AuthPolicy) -> None:
         """Set the policy of ``service`` (before the server starts)."""
         self._policies[service] = policy
+
+    def slots(self, service: str) -> StreamSlots:
+        """Return the stream slots of ``service`` (made on first use)."""
+        with self._slots_lock:
+            slots = self._slots.get(service)
+            if slots is None:
+                slots = self._slots[service] = StreamSlots(
+                    self.max_streams, f"{self._name}-{service}"
+                )
+            return slots
+
+    @property
+    def open_streams(self) -> int:
+        """Streaming calls open now, all services together."""
+        with self._slots_lock:
+            every = list(self._slots.values())
+        return sum(s.open for s in every)
+
+    def wait_streams_closed(self, timeout: float) -> bool:
+        """Wait until no streaming call is open; False if ``timeout`` s passed first."""
+        with self._slots_lock:
+            every = list(self._slots.values())
+        return all(s.wait_open_at_most(0, timeout) for s in every)
+
+    def close(self) -> None:
+        """Release the stream threads (after the server has stopped)."""
+        with self._slots_lock:
+            every = list(self._slots.values())
+        for s in every:
+            s.close()
 
     def intercept_service(
         self, continuation: Callable[[Any], Any], handler_call_details: Any
@@ -136,7 +189,7 @@ class Gatekeeper(grpc.ServerInterceptor):
             self._count(method, denial.reason)
             declarer = _metadata_value(metadata, DECLARER_METADATA_KEY)
             return self._refusing(handler, method, denial, declarer)
-        return self._wrap(handler, method)
+        return self._wrap(handler, method, service_of(method))
 
     # -- refusing and counting ------------------------------------------------------------------
 
@@ -194,26 +247,40 @@ class Gatekeeper(grpc.ServerInterceptor):
                 f"request: not a valid message for {method}: {type(request.error).__name__}",
             )
 
-    def _enter_stream(self, context: Any, method: str) -> None:
-        if not self.slots.try_enter():
+    def _enter_stream(self, context: Any, method: str, slots: StreamSlots) -> None:
+        if not slots.try_enter():
             self._count(method, "too_many_streams", "stream limit reached")
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self.slots.limit} streams are open on this listener (max_streams); retry later",
+                f"{slots.limit} streams of {service_of(method)} are open on this listener "
+                "(max_streams); retry later",
             )
-        if not context.add_callback(self.slots.leave):
-            self.slots.leave()  # the call had already ended
+        if not context.add_callback(slots.leave):
+            slots.leave()  # the call had already ended
 
     def _checked_iter(self, requests: Iterator[Any], context: Any, method: str) -> Iterator[Any]:
         for request in requests:
             self._check(request, context, method)
             yield request
 
-    def _wrap(self, handler: Any, method: str) -> Any:
+    def _wrap(self, handler: Any, method: str, service: str) -> Any:
         parse = handler.request_deserializer
         tolerant = _tolerant(parse)
         ser = handler.response_serializer
-        check, enter, checked = self._check, self._enter_stream, self._checked_iter
+        check, checked = self._check, self._checked_iter
+        slots = (
+            self.slots(service) if handler.request_streaming or handler.response_streaming else None
+        )
+
+        def enter(context: Any, method: str) -> None:
+            assert slots is not None
+            self._enter_stream(context, method, slots)
+
+        def own_threads(behavior: Any) -> Any:
+            assert slots is not None
+            behavior.experimental_thread_pool = slots.pool
+            return behavior
+
         if not handler.request_streaming and not handler.response_streaming:
             uu = handler.unary_unary
 
@@ -243,7 +310,7 @@ class Gatekeeper(grpc.ServerInterceptor):
                 enter(context, method)
                 return us(request, context)
 
-            return grpc.unary_stream_rpc_method_handler(unary_stream, tolerant, ser)
+            return grpc.unary_stream_rpc_method_handler(own_threads(unary_stream), tolerant, ser)
         if not handler.response_streaming:
             su = handler.stream_unary
 
@@ -251,14 +318,14 @@ class Gatekeeper(grpc.ServerInterceptor):
                 enter(context, method)
                 return su(checked(requests, context, method), context)
 
-            return grpc.stream_unary_rpc_method_handler(stream_unary, tolerant, ser)
+            return grpc.stream_unary_rpc_method_handler(own_threads(stream_unary), tolerant, ser)
         ss = handler.stream_stream
 
         def stream_stream(requests: Any, context: Any) -> Any:
             enter(context, method)
             return ss(checked(requests, context, method), context)
 
-        return grpc.stream_stream_rpc_method_handler(stream_stream, tolerant, ser)
+        return grpc.stream_stream_rpc_method_handler(own_threads(stream_stream), tolerant, ser)
 
 
 def _tolerant(parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:

@@ -14,17 +14,23 @@ the size of each field is bounded by the declared store (``max_process_context_b
 receive limit; open streams are counted by the server (``gpumetrics.service.gate``).
 
 The *declarer* (whose declarations a resync replaces) is the ``gpumetrics-declarer`` metadata
-value (``[A-Za-z0-9._:/-]``, at most 128 bytes; empty when absent), prefixed with
-``x509:<common name>/`` when the caller presented a client certificate (mTLS), so one agent
-cannot be mistaken for another that holds a different certificate. See ``docs/protocol.md``.
+value (``[A-Za-z0-9._:/-]``, at most 128 bytes; empty when absent). When the caller presented a
+client certificate (mTLS) it is prefixed with the certificate's identity
+(:func:`certificate_identity`), ``x509:<kind>=<names>``, and a ``#`` before the metadata value:
+``x509:uri=spiffe://cluster.local/ns/obs/sa/parca#node-7``. The certificate part never holds a
+raw ``#`` (it is percent-encoded) and always holds a ``=``, which metadata values cannot, so no
+two certificates, and no certificate and plain metadata, ever give the same declarer. See
+``docs/protocol.md``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -65,14 +71,14 @@ class DeclaredStoreAPI(Protocol):
     def exit(self, pid: int, start_time_ticks: int = 0) -> int:
         """Release ``pid``; return how many declarations were released."""
 
-    def begin_resync(self, declarer: str) -> None:
-        """Start a resynchronisation of ``declarer``."""
+    def begin_resync(self, declarer: str) -> Any:
+        """Start a resynchronisation of ``declarer``; return its handle (one per stream)."""
 
-    def abort_resync(self, declarer: str) -> bool:
-        """Abandon ``declarer``'s resynchronisation without releasing anything."""
+    def abort_resync(self, resync: Any) -> bool:
+        """Abandon the resynchronisation ``resync`` without releasing anything."""
 
-    def end_resync(self, declarer: str) -> int:
-        """End it; return how many declarations were released."""
+    def end_resync(self, resync: Any) -> int:
+        """End ``resync``; return how many declarations were released."""
 
     def replace_all(
         self,
@@ -89,10 +95,51 @@ class DeclaredStoreAPI(Protocol):
     def __len__(self) -> int:
         """Return the number of declarations held."""
 
+    @property
+    def held_bytes(self) -> int:
+        """Estimated memory of the declarations held (By)."""
+
 
 def _args(d: profiler_pb2.ProcessDeclaration) -> DeclarationArgs:
     env = [(e.name, e.value) for e in d.environment]
     return (d.pid, d.start_time_ticks, d.process_context, env, d.profiler_resource)
+
+
+_IDENTITY_KEYS = (
+    ("peer_uri", "uri"),
+    ("peer_dns", "dns"),
+    ("x509_common_name", "cn"),
+    ("peer_email", "email"),
+    ("peer_ip", "ip"),
+)
+# kept as they are: what URIs, DNS names and e-mail addresses are made of, but not "%", "," (the
+# separator of several names) or "#" (the separator of the metadata value)
+_SAFE = ":/@!$&'()*+;=?[]~"
+
+
+def certificate_identity(auth_context: Mapping[str, Sequence[bytes]]) -> str | None:
+    """Return the identity of the client certificate of a call, or None without one.
+
+    The first of these the certificate has, every value sorted and percent-encoded
+    (RFC 3986 §2.1, ``%``, ``,`` and ``#`` included), names it: ``uri=`` its URI SANs (SPIFFE
+    IDs), ``dns=`` its DNS SANs, ``cn=`` its subject common name, ``email=`` / ``ip=`` its other
+    SANs; a certificate with none of them is named by ``sha256=`` its fingerprint. So a
+    certificate with only SANs (no common name) is told apart from another, and a common name
+    with ``/`` in it stays one value.
+
+    Args:
+        auth_context: ``grpc.ServicerContext.auth_context()``: grpcio's peer properties
+            (``peer_uri``, ``peer_dns``, ``x509_common_name``, ``x509_pem_cert``, ...).
+
+    """
+    pem = [v for v in auth_context.get("x509_pem_cert", ()) if v]
+    if not pem:
+        return None
+    for key, kind in _IDENTITY_KEYS:
+        values = sorted({v for v in auth_context.get(key, ()) if v})
+        if values:
+            return f"{kind}=" + ",".join(urllib.parse.quote(v, safe=_SAFE) for v in values)
+    return "sha256=" + hashlib.sha256(pem[0]).hexdigest()
 
 
 def declarer_of(context: Any) -> str:
@@ -110,10 +157,9 @@ def declarer_of(context: Any) -> str:
                     f"metadata {DECLARER_METADATA_KEY}: must be 1 to 128 characters of "
                     "[A-Za-z0-9._:/-]",
                 )
-    names = (context.auth_context() or {}).get("x509_common_name") or ()
-    if names:
-        cn = names[0].decode("utf-8", "replace")
-        return f"x509:{cn}/{value}" if value else f"x509:{cn}"
+    identity = certificate_identity(context.auth_context() or {})
+    if identity is not None:
+        return f"x509:{identity}#{value}" if value else f"x509:{identity}"
     return value
 
 
@@ -170,7 +216,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
                     self._declared.declare(*_args(d), declarer=declarer)
                 except ValueError as exc:
                     reject(i, exc)
-        self._telemetry.set("gpumetrics.declarations", len(self._declared))
+        self._publish()
         return profiler_pb2.DeclareProcessesResponse(
             accepted=len(processes) - len(rejected), rejected=rejected, released=released
         )
@@ -187,7 +233,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
                 released += self._declared.exit(e.pid, e.start_time_ticks)
             except ValueError as exc:
                 rejected.append(self._rejection(i, e.pid, f"exits[{i}]", exc))
-        self._telemetry.set("gpumetrics.declarations", len(self._declared))
+        self._publish()
         return profiler_pb2.ReportExitsResponse(released=released, rejected=rejected)
 
     # -- stream ---------------------------------------------------------------------------------
@@ -197,26 +243,23 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
     ) -> Iterator[profiler_pb2.StreamDeclarationsResponse]:
         """Answer every event with one response, in order.
 
-        A stream that ends inside a resync it began abandons that resync
-        (``DeclaredStore.abort_resync``): nothing is released, and the agent's next
-        ``ResyncBegin`` starts afresh.
+        A resynchronisation belongs to the stream that began it: another stream of the same
+        declarer (an agent that reconnected while its old stream is still open) neither ends nor
+        aborts it. A second ``ResyncBegin`` on the stream restarts it; a stream that ends inside
+        it abandons it (``DeclaredStore.abort_resync``): nothing is released, and the agent's
+        next ``ResyncBegin`` starts afresh.
         """
         declarer = declarer_of(context)
-        in_resync = False
+        stream = _StreamResync(self._declared, declarer)
         try:
             for event in request_iterator:
-                response = self._apply(event, declarer)
-                kind = event.WhichOneof("event")
-                if response.accepted and kind in ("resync_begin", "resync_end"):
-                    in_resync = kind == "resync_begin"
-                yield response
-                self._telemetry.set("gpumetrics.declarations", len(self._declared))
+                yield self._apply(event, declarer, stream)
+                self._publish()
         finally:
-            if in_resync:
-                self._declared.abort_resync(declarer)
+            stream.abandon()
 
     def _apply(
-        self, event: profiler_pb2.StreamDeclarationsRequest, declarer: str
+        self, event: profiler_pb2.StreamDeclarationsRequest, declarer: str, stream: _StreamResync
     ) -> profiler_pb2.StreamDeclarationsResponse:
         kind = event.WhichOneof("event")
         resp = profiler_pb2.StreamDeclarationsResponse
@@ -226,9 +269,9 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
             elif kind == "exit":
                 self._declared.exit(event.exit.pid, event.exit.start_time_ticks)
             elif kind == "resync_begin":
-                self._declared.begin_resync(declarer)
+                stream.begin()
             elif kind == "resync_end":
-                return resp(accepted=True, released=self._declared.end_resync(declarer))
+                return resp(accepted=True, released=stream.end())
             else:
                 return resp(
                     rejection=self._rejection(
@@ -240,6 +283,10 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
             prefix = kind if kind in ("declare", "exit") else ""
             return resp(rejection=self._rejection(0, pid, prefix, exc))
         return resp(accepted=True)
+
+    def _publish(self) -> None:
+        self._telemetry.set("gpumetrics.declarations", len(self._declared))
+        self._telemetry.set("gpumetrics.declarations.bytes", self._declared.held_bytes)
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -268,6 +315,38 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
                 self._logged.add(key)
         level = logging.WARNING if first else logging.DEBUG
         log.log(level, "declaration rejected (pid %d): %s: %s", pid, field, reason[:512])
+
+
+class _StreamResync:
+    """The resynchronisation of one stream: at most one in progress, ended only by this stream."""
+
+    def __init__(self, declared: DeclaredStoreAPI, declarer: str) -> None:
+        self._declared = declared
+        self._declarer = declarer
+        self._resync: Any = None
+
+    def begin(self) -> None:
+        """Start (or restart) this stream's resynchronisation."""
+        self.abandon()
+        self._resync = self._declared.begin_resync(self._declarer)
+
+    def end(self) -> int:
+        """End it; return what was released.
+
+        Raises:
+            _Problem: field ``resync_end`` when this stream began none.
+
+        """
+        if self._resync is None:
+            raise _Problem("resync_end", "no resynchronisation in progress on this stream")
+        resync, self._resync = self._resync, None
+        return int(self._declared.end_resync(resync))
+
+    def abandon(self) -> None:
+        """Abandon the one in progress, if any, releasing nothing."""
+        if self._resync is not None:
+            resync, self._resync = self._resync, None
+            self._declared.abort_resync(resync)
 
 
 class _Problem(ValueError):

@@ -5,8 +5,19 @@ result onto ``PullResponse`` (semantics in ``docs/protocol.md``). Errors (``pull
 
 * INVALID_ARGUMENT naming the field: a bad or reserved ``consumer``, or a negative
   ``previous_outcome.rejected_data_points``;
-* UNAVAILABLE before the first collection has been stored (retryable in OTLP's failure rules);
+* UNAVAILABLE before the first collection has been stored, and while the answers already in
+  flight use the whole ``pull_inflight_bytes`` budget (both retryable in OTLP's failure rules);
 * RESOURCE_EXHAUSTED when a new consumer would exceed ``StoreLimits.max_consumers``.
+
+Memory: an answer is at most ``max_bytes_limit`` (or one batch, when a single batch is larger
+than the request's ``max_bytes``), it reserves its size in the server's
+:class:`~gpumetrics.service.inflight.InflightBudget` until its call ends, and it is copied once,
+straight from the store's batches into the serialized ``PullResponse``
+(:func:`encode_pull_response`); gRPC's send buffer is the second and last copy.
+
+A failed answer changes nothing: when gRPC could not deliver it (the call was cancelled, its
+connection broke, or the message was refused), the store takes the delivery back
+(:meth:`BatchStore.undo_pull`), so it can neither be acknowledged nor lose the drops it reported.
 
 UNAUTHENTICATED / PERMISSION_DENIED (token checks) and RESOURCE_EXHAUSTED for oversized requests
 or too many calls in flight come from the server around this servicer (``gate.py``, grpcio).
@@ -21,8 +32,12 @@ from typing import Any
 import grpc
 
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
-from gpumetrics.store import BatchStore, TooManyConsumersError, validate_consumer
-from gpumetrics.v1 import pull_pb2, pull_pb2_grpc
+from gpumetrics.service.inflight import InflightBudget
+from gpumetrics.service.names import PULL_SERVICE
+from gpumetrics.store import BatchStore, PullResult, TooManyConsumersError, validate_consumer
+from gpumetrics.store.limits import DEFAULT_MAX_BATCH_BYTES
+from gpumetrics.v1 import pull_pb2
+from gpumetrics.wire import varint
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +45,76 @@ RESERVED_CONSUMERS = frozenset({"push"})
 """Store consumers the sidecar uses itself (the push exporter's ``PUSH_CONSUMER``): a remote Pull
 may not name them, or it would move (and acknowledge for) their cursor."""
 
-DEFAULT_PULL_MAX_BYTES = 4 * 1024 * 1024 - 64 * 1024
+DEFAULT_PULL_MAX_BYTES = DEFAULT_MAX_BATCH_BYTES
 """Answer size when a request leaves ``max_bytes`` at 0: 4 MiB minus 64 KiB of envelope, so a
 response fits the 4 MiB default receive limit of gRPC clients (grpc-go, grpcio)."""
+
+DEFAULT_PULL_MAX_ANSWER_BYTES = 16 * 1024 * 1024
+"""Default cap on any answer (``server.pull_max_bytes``): a request asking more gets this."""
+
+DEFAULT_PULL_INFLIGHT_BYTES = 32 * 1024 * 1024
+"""Default budget of answers in flight at once (``server.pull_inflight_bytes``)."""
+
+_CANCELLED = "cancelled"  # grpcio's _server._CANCELLED: the client end of a call that failed
+
+
+def encode_pull_response(result: PullResult) -> bytes:
+    """Serialize the ``PullResponse`` for ``result``, copying its batches exactly once.
+
+    Field 1 (``export_metrics_service_request``, length-delimited) is written by hand from
+    :attr:`PullResult.parts`; the other fields by protobuf. Field order does not matter to a
+    parser (protobuf "Encoding": fields may appear in any order), so the result parses to the
+    same message as ``PullResponse(export_metrics_service_request=result.data, ...)``.
+    """
+    rest = pull_pb2.PullResponse(
+        epoch=result.epoch,
+        first_sequence=result.first_sequence,
+        last_sequence=result.last_sequence,
+        more=result.more,
+        data_points=result.data_points,
+        dropped_data_points=result.dropped_data_points,
+        dropped_data_points_total=result.dropped_data_points_total,
+        drop_reasons=result.drop_reasons,
+    ).SerializeToString()
+    size = result.size
+    if not size:
+        return rest
+    return b"".join((b"\x0a", varint(size), *result.parts, rest))
+
+
+def _serialize(response: bytes | pull_pb2.PullResponse) -> bytes:
+    if isinstance(response, bytes):
+        return response
+    return response.SerializeToString()
+
+
+def add_pull_servicer(servicer: PullServicer, server: grpc.Server) -> None:
+    """Register ``servicer`` as ``MetricsPullService`` on ``server``.
+
+    Like the generated ``add_MetricsPullServiceServicer_to_server``, but the response
+    serializer passes the servicer's pre-serialized answers through unchanged.
+    """
+    handlers = {
+        "Pull": grpc.unary_unary_rpc_method_handler(
+            servicer.Pull,
+            request_deserializer=pull_pb2.PullRequest.FromString,
+            response_serializer=_serialize,
+        )
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(PULL_SERVICE, handlers),))
+    server.add_registered_method_handlers(PULL_SERVICE, handlers)
+
+
+def _call_failed(context: Any) -> bool:
+    """Tell whether the ended call failed to deliver its response (gRPC cancelled it).
+
+    grpcio's synchronous server has no public accessor for this: its per-call state marks the
+    client end ``cancelled`` when the response could not be sent (too large, deadline, broken
+    connection, cancelled by the client). grpcio is pinned; ``tests/service`` checks that a
+    refused send is detected.
+    """
+    state = getattr(context, "_state", None)
+    return getattr(state, "client", None) == _CANCELLED
 
 
 def _clip(text: str, limit: int = 512) -> str:
@@ -40,18 +122,22 @@ def _clip(text: str, limit: int = 512) -> str:
     return repr(text[:limit]) + ("…" if len(text) > limit else "")
 
 
-class PullServicer(pull_pb2_grpc.MetricsPullServiceServicer):
+class PullServicer:
     """Serves :class:`~gpumetrics.store.BatchStore` batches over ``MetricsPullService/Pull``.
+
+    Register it with :func:`add_pull_servicer` (its answers are pre-serialized bytes).
 
     Args:
         store: the batch store.
         telemetry: counts ``gpumetrics.pull.rejected_points{consumer}`` (what consumers report
-            in ``previous_outcome``).
+            in ``previous_outcome``) and ``gpumetrics.pull.budget_refusals``.
         default_max_bytes: answer size cap when the request says 0 (By).
-        max_bytes_limit: upper bound on any requested ``max_bytes`` (By), normally the server's
-            send limit minus envelope; a larger request is clamped to it.
+        max_bytes_limit: upper bound on any requested ``max_bytes`` (By): the server's
+            ``pull_max_bytes``; a larger request is clamped to it.
         default_max_points: point cap when the request says 0 (0 = no point cap).
         reserved_consumers: consumer names refused with INVALID_ARGUMENT.
+        budget: the server's budget of answers in flight (default: its own, of
+            :data:`DEFAULT_PULL_INFLIGHT_BYTES`).
 
     """
 
@@ -63,6 +149,7 @@ class PullServicer(pull_pb2_grpc.MetricsPullServiceServicer):
         max_bytes_limit: int | None = None,
         default_max_points: int = 0,
         reserved_consumers: Collection[str] = RESERVED_CONSUMERS,
+        budget: InflightBudget | None = None,
     ) -> None:
         self._store = store
         self._telemetry = telemetry
@@ -70,12 +157,17 @@ class PullServicer(pull_pb2_grpc.MetricsPullServiceServicer):
         self._max_bytes_limit = max_bytes_limit or default_max_bytes
         self._default_max_points = default_max_points
         self._reserved = frozenset(reserved_consumers)
+        self.budget = budget or InflightBudget(DEFAULT_PULL_INFLIGHT_BYTES)
 
-    def Pull(self, request: pull_pb2.PullRequest, context: Any) -> pull_pb2.PullResponse:  # noqa: N802
+    def Pull(self, request: pull_pb2.PullRequest, context: Any) -> bytes:  # noqa: N802
         """Acknowledge, then answer with the batches after the read position.
 
         The read position is ``max(request.read_after_sequence, acknowledged cursor)``, with
         ``read_after_sequence`` ignored when ``ack_epoch`` is not the store's epoch.
+
+        Returns:
+            The serialized ``PullResponse`` (:func:`encode_pull_response`).
+
         """
         try:
             consumer = validate_consumer(request.consumer)
@@ -97,22 +189,40 @@ class PullServicer(pull_pb2_grpc.MetricsPullServiceServicer):
             context.abort(
                 grpc.StatusCode.UNAVAILABLE, "no collection has been stored yet; retry later"
             )
-        max_bytes = min(request.max_bytes or self._default_max_bytes, self._max_bytes_limit)
+        want = min(request.max_bytes or self._default_max_bytes, self._max_bytes_limit)
+        reserved = 0
+        if not request.ack_only:
+            # the first batch is sent even when alone larger than `want`: reserve for it too
+            batch = self._store.max_batch_bytes
+            reserved = self.budget.reserve(max(want, batch), at_least=batch)
+            if not reserved:
+                self._telemetry.add("gpumetrics.pull.budget_refusals", 1, {"consumer": consumer})
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"answers in flight use the whole pull budget ({self.budget.limit} bytes, "
+                    "server.pull_inflight_bytes); retry later",
+                )
+            want = min(want, reserved)
         try:
             result = self._store.pull(
                 consumer,
                 ack_sequence=request.ack_sequence,
                 ack_epoch=request.ack_epoch,
                 max_points=request.max_data_points or self._default_max_points,
-                max_bytes=max_bytes,
+                max_bytes=want,
                 ack_only=request.ack_only,
                 read_after_sequence=request.read_after_sequence,
             )
         except TooManyConsumersError as exc:
+            self.budget.release(reserved)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except ValueError as exc:
+            self.budget.release(reserved)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        self._record_outcome(consumer, outcome)
+        held = result.size
+        self.budget.release(reserved - held)
+        self._settle_when_done(context, result, held)
+        self._record_outcome(consumer, request.previous_outcome)
         if result.dropped_data_points:
             log.warning(
                 "consumer %r lost %d data points before acknowledging them (store limits: %s)",
@@ -120,17 +230,24 @@ class PullServicer(pull_pb2_grpc.MetricsPullServiceServicer):
                 result.dropped_data_points,
                 ", ".join(result.drop_reasons),
             )
-        return pull_pb2.PullResponse(
-            export_metrics_service_request=result.data,
-            epoch=result.epoch,
-            first_sequence=result.first_sequence,
-            last_sequence=result.last_sequence,
-            more=result.more,
-            data_points=result.data_points,
-            dropped_data_points=result.dropped_data_points,
-            dropped_data_points_total=result.dropped_data_points_total,
-            drop_reasons=result.drop_reasons,
-        )
+        return encode_pull_response(result)
+
+    def _settle_when_done(self, context: Any, result: PullResult, held: int) -> None:
+        """When the call ends: give back the answer's budget; take the delivery back if failed."""
+
+        def done() -> None:
+            self.budget.release(held)
+            if _call_failed(context) and self._store.undo_pull(result):
+                log.info(
+                    "the answer to a Pull (batches %d..%d) did not reach its consumer; "
+                    "it will be sent again",
+                    result.first_sequence,
+                    result.last_sequence,
+                )
+
+        if not context.add_callback(done):  # the call has already ended
+            self.budget.release(held)
+            self._store.undo_pull(result)
 
     def _record_outcome(self, consumer: str, outcome: pull_pb2.PreviousOutcome) -> None:
         if outcome.rejected_data_points > 0:

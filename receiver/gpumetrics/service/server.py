@@ -9,8 +9,9 @@ port of a server:
 * **profiler** (``profiler_listen``, optional): ``ProfilerIntegrationService``, health, reflection;
 * **health** (``health_listen``, optional): ``grpc.health.v1.Health`` only, plaintext, no tokens.
 
-Each of the first two has a thread pool of ``max_streams + unary_workers`` threads and a
-:class:`~gpumetrics.service.gate.Gatekeeper` (tokens, stream slots, malformed requests).
+Each of the first two has a thread pool of ``unary_workers`` threads for unary calls, and a
+:class:`~gpumetrics.service.gate.Gatekeeper` (tokens, per-service stream slots on threads of
+their own, malformed requests).
 Collaborators are passed in; nothing is global, so tests and the go-plugin mode build their own.
 """
 
@@ -34,8 +35,9 @@ from grpc_health.v1 import health_pb2_grpc
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 from gpumetrics.service.auth import AuthPolicy, TokenAuth, read_token_file
 from gpumetrics.service.errors import SettingError
-from gpumetrics.service.gate import Gatekeeper, StreamSlots
+from gpumetrics.service.gate import Gatekeeper
 from gpumetrics.service.health import SidecarHealth
+from gpumetrics.service.inflight import InflightBudget
 from gpumetrics.service.names import (
     HEALTH_SERVICE,
     PROFILER_SERVICE,
@@ -44,17 +46,16 @@ from gpumetrics.service.names import (
     REFLECTION_V1_SERVICE,
 )
 from gpumetrics.service.profiler import DeclaredStoreAPI, ProfilerServicer
-from gpumetrics.service.pull import PullServicer
+from gpumetrics.service.pull import PullServicer, add_pull_servicer
 from gpumetrics.service.reflection import enable_reflection
 from gpumetrics.service.settings import (
-    ENVELOPE_BYTES,
     ListenAddress,
     ServerSettings,
     parse_listen_address,
 )
 from gpumetrics.service.tls import server_credentials
 from gpumetrics.store import BatchStore
-from gpumetrics.v1 import profiler_pb2_grpc, pull_pb2_grpc
+from gpumetrics.v1 import profiler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -134,16 +135,17 @@ class SidecarServer:
         self._credentials = server_credentials(settings)
         self._lock = threading.Lock()
         self._started = self._stopped = False
-        pull = PullServicer(
+        pull = self.pull = PullServicer(
             store,
             telemetry,
             default_max_bytes=settings.pull_default_max_bytes,
-            max_bytes_limit=settings.max_send_message_bytes - ENVELOPE_BYTES,
+            max_bytes_limit=settings.pull_max_bytes,
+            budget=InflightBudget(settings.pull_inflight_bytes),
         )
         profiler = ProfilerServicer(declared, telemetry, settings.max_declarations_per_request)
 
         self._main = self._group("listen")
-        pull_pb2_grpc.add_MetricsPullServiceServicer_to_server(pull, self._main.server)
+        add_pull_servicer(pull, self._main.server)
         self._main.services.append(PULL_SERVICE)
         self._profiler: _Group | None = None
         target = self._main
@@ -171,10 +173,9 @@ class SidecarServer:
     def _group(self, role: str, health_only: bool = False) -> _Group:
         s = self.settings
         streams = 1 if health_only else s.max_streams
-        workers = _HEALTH_WORKERS if health_only else s.max_streams + s.unary_workers
-        slots = StreamSlots(streams)
+        workers = _HEALTH_WORKERS if health_only else s.unary_workers
         policies = {HEALTH_SERVICE: AuthPolicy.NONE} if health_only else _BASE_POLICIES
-        gate = Gatekeeper(self._auth, policies, slots, self._telemetry)
+        gate = Gatekeeper(self._auth, policies, streams, self._telemetry, name=role)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"grpc-{role}"),
             interceptors=[gate],
@@ -308,6 +309,8 @@ class SidecarServer:
                 self._stopped = True
                 for g in self._groups():
                     g.server.stop(0)
+                    if g.gate is not None:
+                        g.gate.close()
                 self._remove_sockets()
                 raise
             self._started = True
@@ -350,6 +353,9 @@ class SidecarServer:
             event.wait()
         if self._health_only is not None:
             self._health_only.server.stop(0).wait()
+        for g in self._groups():
+            if g.gate is not None:
+                g.gate.close()
         self._remove_sockets()
 
     def _remove_sockets(self) -> None:
@@ -383,13 +389,13 @@ class SidecarServer:
 
         """
         gates = [g.gate for g in (self._main, self._profiler) if g is not None and g.gate]
-        return all(gate.slots.wait_open_at_most(0, timeout) for gate in gates)
+        return all(gate.wait_streams_closed(timeout) for gate in gates)
 
     @property
     def open_streams(self) -> int:
         """Streaming calls open now on the main and profiler listeners."""
         return sum(
-            g.gate.slots.open for g in (self._main, self._profiler) if g is not None and g.gate
+            g.gate.open_streams for g in (self._main, self._profiler) if g is not None and g.gate
         )
 
 

@@ -25,7 +25,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpumetrics.service.profiler import DEFAULT_MAX_ENTRIES
-from gpumetrics.service.pull import DEFAULT_PULL_MAX_BYTES
+from gpumetrics.service.pull import (
+    DEFAULT_PULL_INFLIGHT_BYTES,
+    DEFAULT_PULL_MAX_ANSWER_BYTES,
+    DEFAULT_PULL_MAX_BYTES,
+)
 
 DEFAULT_LISTEN = "127.0.0.1:4319"
 """Default pull listener: loopback only (4317/4318 are OTLP's; 4319 is next to them)."""
@@ -149,10 +153,19 @@ class ServerSettings(BaseModel):
             / declare; None: that service needs no token.
         max_receive_message_bytes: largest request accepted; larger ones get RESOURCE_EXHAUSTED.
         max_send_message_bytes: largest response sent.
-        pull_default_max_bytes: answer size of a Pull that sets no ``max_bytes``; requests
-            asking for more than ``max_send_message_bytes`` minus 64 KiB are clamped.
-        max_streams: streaming calls open at once per listener group (each holds a thread).
-        unary_workers: threads kept for unary calls beyond ``max_streams``.
+        pull_default_max_bytes: answer size of a Pull that sets no ``max_bytes``; it also
+            bounds every stored batch (larger collections are split), so any batch fits a
+            default answer and a client's 4 MiB default receive limit.
+        pull_max_bytes: the most any Pull answer carries, whatever ``max_bytes`` it asks
+            (at most ``max_send_message_bytes`` minus 64 KiB). Unset: 16 MiB, or less when
+            ``max_send_message_bytes`` is smaller.
+        pull_inflight_bytes: answers of all Pulls in flight at once (built, not yet sent);
+            a Pull that finds it used up is answered UNAVAILABLE (retry later), one that finds
+            part of it gets a shorter answer. Memory of answers in flight stays below about
+            twice this. Unset: 32 MiB, or ``pull_max_bytes`` when that is larger.
+        max_streams: streaming calls open at once per streaming service and listener group
+            (each holds a thread of that service's own pool).
+        unary_workers: threads for unary calls (streams never use them).
         max_concurrent_rpcs: calls accepted at once per server (running or queued); beyond,
             RESOURCE_EXHAUSTED.
         max_declarations_per_request: entries per DeclareProcesses/ReportExits request.
@@ -177,6 +190,8 @@ class ServerSettings(BaseModel):
     max_receive_message_bytes: int = Field(default=4 * MiB, ge=ENVELOPE_BYTES)
     max_send_message_bytes: int = Field(default=64 * MiB, ge=2 * ENVELOPE_BYTES)
     pull_default_max_bytes: int = Field(default=DEFAULT_PULL_MAX_BYTES, gt=0)
+    pull_max_bytes: int = Field(default=DEFAULT_PULL_MAX_ANSWER_BYTES, gt=0)
+    pull_inflight_bytes: int = Field(default=DEFAULT_PULL_INFLIGHT_BYTES, gt=0)
     max_streams: int = Field(default=4, ge=1, le=1024)
     unary_workers: int = Field(default=8, ge=1, le=1024)
     max_concurrent_rpcs: int = Field(default=128, ge=2)
@@ -216,6 +231,17 @@ class ServerSettings(BaseModel):
         return value
 
     @model_validator(mode="after")
+    def _derived_sizes(self) -> ServerSettings:
+        # defaults that follow a smaller send limit instead of contradicting it
+        if "pull_max_bytes" not in self.model_fields_set:
+            cap = min(DEFAULT_PULL_MAX_ANSWER_BYTES, self.max_send_message_bytes - ENVELOPE_BYTES)
+            object.__setattr__(self, "pull_max_bytes", max(cap, self.pull_default_max_bytes))
+        if "pull_inflight_bytes" not in self.model_fields_set:
+            budget = max(DEFAULT_PULL_INFLIGHT_BYTES, self.pull_max_bytes)
+            object.__setattr__(self, "pull_inflight_bytes", budget)
+        return self
+
+    @model_validator(mode="after")
     def _security(self) -> ServerSettings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             missing, given = ("tls_key_file", "tls_cert_file")
@@ -231,6 +257,21 @@ class ServerSettings(BaseModel):
             raise ValueError(
                 "'pull_default_max_bytes': must leave 64 KiB of max_send_message_bytes "
                 "for the response envelope"
+            )
+        if self.pull_max_bytes > self.max_send_message_bytes - ENVELOPE_BYTES:
+            raise ValueError(
+                f"'pull_max_bytes': {self.pull_max_bytes} must leave 64 KiB of "
+                f"max_send_message_bytes ({self.max_send_message_bytes}) for the envelope"
+            )
+        if self.pull_default_max_bytes > self.pull_max_bytes:
+            raise ValueError(
+                f"'pull_default_max_bytes': {self.pull_default_max_bytes} is more than "
+                f"pull_max_bytes ({self.pull_max_bytes})"
+            )
+        if self.pull_inflight_bytes < self.pull_max_bytes:
+            raise ValueError(
+                f"'pull_inflight_bytes': {self.pull_inflight_bytes} is less than one answer "
+                f"of pull_max_bytes ({self.pull_max_bytes})"
             )
         for name in ("listen", "profiler_listen"):
             for i, text in enumerate(getattr(self, name)):

@@ -1,10 +1,12 @@
 """The :class:`BatchStore`: bounded, sequenced batches of serialized OTLP metrics.
 
-Each batch is one serialized ``ExportMetricsServiceRequest``, stored once as bytes. Because a
-protobuf message's serialization is the concatenation of its fields, concatenating serialized
-``ExportMetricsServiceRequest`` messages gives a valid serialized request whose
-``resource_metrics`` are the concatenation of theirs, so a pull answer is built with
-``b"".join`` and never re-parsed.
+Each batch is one serialized ``ExportMetricsServiceRequest``, stored once as bytes, at most
+``max_batch_bytes`` long: a larger collection is split into consecutive batches when it is
+appended (:func:`gpumetrics.metrics.split.split_request`), so every batch can always be sent in
+one gRPC message. Because a protobuf message's serialization is the concatenation of its fields,
+concatenating serialized ``ExportMetricsServiceRequest`` messages gives a valid serialized
+request whose ``resource_metrics`` are the concatenation of theirs, so a pull answer is the
+batches' bytes side by side (:attr:`PullResult.parts`) and never re-parsed.
 
 Delivery is at-least-once (``docs/protocol.md``): every named consumer has its own cursor, which
 is its acknowledged sequence; a pull returns the batches after its *read position*,
@@ -12,7 +14,11 @@ is its acknowledged sequence; a pull returns the batches after its *read positio
 sequence sent (which bounds acknowledgements): a consumer drains a backlog in several pulls by
 passing the previous answer's ``last_sequence`` as ``read_after_sequence``, and a pull that reads
 from the cursor again (``read_after_sequence = 0``) gets what was sent but not acknowledged sent
-again. A batch is released only when every registered consumer has acknowledged it. When a
+again. The sequence sent is a contiguous prefix: a pull that skips ahead with
+``read_after_sequence`` does not extend it, so a consumer can never acknowledge (release) a batch
+it was not sent, and an answer that never reached its consumer can be taken back
+(:meth:`BatchStore.undo_pull`). A batch is released only when every registered consumer has
+acknowledged it. When a
 limit (:class:`~gpumetrics.store.StoreLimits`) forces the oldest batches out, each consumer that
 had not acknowledged them is charged their points, which its next pull reports. Accounting is
 exact and exposed through :meth:`BatchStore.stats`:
@@ -26,18 +32,22 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+
 from gpumetrics.metrics.encode import count_points
+from gpumetrics.metrics.split import split_request
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
-from gpumetrics.store.limits import StoreLimits
+from gpumetrics.store.limits import DEFAULT_MAX_BATCH_BYTES, StoreLimits
 from gpumetrics.store.results import (
     CONSUMER_NAME_RE,
     DEFAULT_CONSUMER,
     DROP_REASONS,
     ConsumerStats,
+    Delivery,
     PullResult,
     StoreStats,
     TooManyConsumersError,
@@ -100,6 +110,11 @@ class BatchStore:
             ``.consumers`` and the counter ``gpumetrics.store.points.dropped{reason}``.
         clock: monotonic seconds (injectable for tests); ages and consumer TTLs use it.
         epoch: this store life's id (default: 16 random hex digits).
+        max_batch_bytes: largest serialized batch kept (By); a larger collection is split into
+            consecutive batches when it is appended, so that every batch fits one gRPC message
+            (:mod:`gpumetrics.metrics.split`). The runtime sets it to what a default Pull
+            answer and a push export may carry. A single data point whose envelope alone is
+            larger is dropped (drop reason ``max_batch_bytes``).
 
     Thread-safe: one lock guards everything; a pull costs O(batches returned + consumers),
     an acknowledgement O(batches acknowledged).
@@ -112,8 +127,12 @@ class BatchStore:
         telemetry: SelfTelemetry = NO_TELEMETRY,
         clock: Callable[[], float] = time.monotonic,
         epoch: str | None = None,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     ) -> None:
+        if max_batch_bytes <= 0:
+            raise ValueError(f"max_batch_bytes: must be > 0, got {max_batch_bytes}")
         self.limits = limits or StoreLimits()
+        self.max_batch_bytes = max_batch_bytes
         self.epoch = epoch if epoch is not None else secrets.token_hex(8)
         self._telemetry = telemetry
         self._clock = clock
@@ -127,6 +146,9 @@ class BatchStore:
         self._dropped_batches = 0
         self._dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
         self._forgotten = 0
+        # delivered sequence of forgotten consumers, so one that returns (consumer_ttl_s) may
+        # still acknowledge what it was sent before; bounded, oldest forgotten first out
+        self._forgotten_delivered: OrderedDict[str, int] = OrderedDict()
         self._acked_hw = 0  # highest sequence any consumer has acknowledged (not via a drop)
 
     @property
@@ -136,15 +158,24 @@ class BatchStore:
             return self._last_seq
 
     def append(self, request: Any) -> int:
-        """Append one ``ExportMetricsServiceRequest``; return its sequence (1, 2, 3… per epoch).
+        """Append one ``ExportMetricsServiceRequest``; return the sequence of its last batch.
 
-        The limits are applied right after: the new batch itself is dropped (and counted) when
-        it alone exceeds ``max_bytes`` or ``max_data_points``.
+        A request larger than ``max_batch_bytes`` is split into several consecutive batches
+        (sequences 1, 2, 3… per epoch). The limits are applied right after each: a batch is
+        dropped (and counted) when it alone exceeds ``max_bytes`` or ``max_data_points``, and a
+        piece that cannot be split below ``max_batch_bytes`` (one data point with a larger
+        envelope) is dropped as ``max_batch_bytes`` without a sequence.
         """
-        return self.append_serialized(request.SerializeToString(), count_points(request))
+        pieces = split_request(request, self.max_batch_bytes)
+        seq = self.last_sequence
+        for piece in pieces:
+            seq = self._append(piece.SerializeToString(), count_points(piece))
+        return seq
 
     def append_serialized(self, data: bytes, points: int) -> int:
         """Append a serialized ``ExportMetricsServiceRequest`` holding ``points`` data points.
+
+        Data larger than ``max_batch_bytes`` is parsed and split as :meth:`append` does.
 
         Raises:
             ValueError: ``points`` is negative or ``data`` is not bytes.
@@ -154,15 +185,23 @@ class BatchStore:
             raise ValueError(f"data: must be bytes, got {type(data).__name__}")
         if isinstance(points, bool) or not isinstance(points, int) or points < 0:
             raise ValueError(f"points: must be an int >= 0, got {points!r}")
+        if len(data) > self.max_batch_bytes:
+            return self.append(metrics_service_pb2.ExportMetricsServiceRequest.FromString(data))
+        return self._append(data, points)
+
+    def _append(self, data: bytes, points: int) -> int:
         with self._lock:
             now = self._clock()
-            self._last_seq += 1
-            self._batches.append(_Batch(self._last_seq, data, points, now))
-            self._held_points += points
-            self._held_bytes += len(data)
             self._appended[0] += 1
             self._appended[1] += points
             self._appended[2] += len(data)
+            if len(data) > self.max_batch_bytes:
+                self._drop_unsequenced(points, "max_batch_bytes")
+            else:
+                self._last_seq += 1
+                self._batches.append(_Batch(self._last_seq, data, points, now))
+                self._held_points += points
+                self._held_bytes += len(data)
             self._expire_consumers(now)
             self._enforce_limits(now)
             self._publish()
@@ -193,7 +232,8 @@ class BatchStore:
                 pull with its cursor just before the oldest batch held.
             ack_sequence: everything up to here has been durably taken; applied only when
                 ``ack_epoch`` equals :attr:`epoch`, never moves the cursor back, and is clamped
-                to the highest sequence sent to this consumer (nothing unseen is released).
+                to the consumer's delivered sequence, the end of the contiguous run of batches
+                it was sent (nothing unseen is released, skipped batches included).
             ack_epoch: the epoch ``ack_sequence`` and ``read_after_sequence`` belong to.
             max_points: cap on the data points in the answer (0 = none).
             max_bytes: cap on the answer's serialized size (0 = none). The first batch is
@@ -203,7 +243,8 @@ class BatchStore:
                 greater than ``max(read_after_sequence, acknowledged cursor)``; 0 means right
                 after the cursor. Ignored (treated as 0) when ``ack_epoch`` is not :attr:`epoch`.
                 Beyond the newest batch: an empty answer with ``more`` False. It releases
-                nothing and moves no cursor.
+                nothing and moves no cursor; an answer that starts after the delivered sequence
+                (batches skipped) does not count as delivered.
 
         Raises:
             ValueError: naming ``consumer``, ``ack_sequence``, ``max_points``, ``max_bytes`` or
@@ -240,6 +281,7 @@ class BatchStore:
             parts: list[bytes] = []
             first = last = points = size = 0
             start = position + 1 - self._batches[0].seq if self._batches else 0
+            before = c.delivered
             if not ack_only:
                 for i in range(start, len(self._batches)):
                     b = self._batches[i]
@@ -251,13 +293,19 @@ class BatchStore:
                     parts.append(b.data)
                     first = first or b.seq
                     last, points, size = b.seq, points + b.points, size + len(b.data)
-                c.delivered = max(c.delivered, last)
+                if last and first <= c.delivered + 1:  # contiguous with what it was sent
+                    c.delivered = max(c.delivered, last)
             tail = last or position
             more = bool(self._batches) and self._batches[-1].seq > tail
             self._publish()
             total = c.dropped_total
+            delivery = (
+                Delivery(name, before, c.delivered, dropped, reasons)
+                if c.delivered != before or dropped or reasons
+                else None
+            )
         return PullResult(
-            data=b"".join(parts),
+            parts=tuple(parts),
             epoch=self.epoch,
             first_sequence=first,
             last_sequence=last,
@@ -266,7 +314,34 @@ class BatchStore:
             dropped_data_points=dropped,
             dropped_data_points_total=total,
             drop_reasons=reasons,
+            delivery=delivery,
         )
+
+    def undo_pull(self, result: PullResult) -> bool:
+        """Take back a pull whose answer never reached its consumer (the send failed).
+
+        The consumer's delivered sequence returns to what it was (unless a later pull or a drop
+        changed it since), and the drops the answer reported are reported again by the next
+        pull. The acknowledgement the pull carried stays applied: the consumer sent it.
+
+        Returns:
+            True when something was restored; False for a result of another epoch, of a
+            consumer forgotten since, or one that changed nothing.
+
+        """
+        d = result.delivery
+        if d is None or result.epoch != self.epoch:
+            return False
+        with self._lock:
+            c = self._consumers.get(d.consumer)
+            if c is None:
+                return False
+            if c.delivered == d.delivered_after:
+                c.delivered = max(d.delivered_before, c.acked)
+            c.pending_dropped += d.dropped_data_points
+            for reason in d.drop_reasons:
+                c.pending_reasons[reason] = None
+            return True
 
     def stats(self) -> StoreStats:
         """Return a consistent snapshot of every counter (O(batches × consumers); tests, logs)."""
@@ -314,6 +389,9 @@ class BatchStore:
             )
         base = self._batches[0].seq - 1 if self._batches else self._last_seq
         c = _Consumer(name, base, now, self._appended[1] - self._held_points)
+        remembered = self._forgotten_delivered.pop(name, None)
+        if remembered is not None:  # sent to it before it was forgotten: it may acknowledge it
+            c.delivered = max(base, min(remembered, self._last_seq))
         self._consumers[name] = c
         return c
 
@@ -345,7 +423,10 @@ class BatchStore:
         ttl = self.limits.consumer_ttl_s
         stale = [n for n, c in self._consumers.items() if now - c.last_seen > ttl]
         for n in stale:
-            del self._consumers[n]
+            self._forgotten_delivered[n] = self._consumers.pop(n).delivered
+            self._forgotten_delivered.move_to_end(n)
+            while len(self._forgotten_delivered) > 4 * self.limits.max_consumers:
+                self._forgotten_delivered.popitem(last=False)
         if stale:
             self._forgotten += len(stale)
             self._release()
@@ -374,6 +455,17 @@ class BatchStore:
                 c.delivered = max(c.delivered, b.seq)
         if b.points:
             self._telemetry.add("gpumetrics.store.points.dropped", b.points, {"reason": reason})
+
+    def _drop_unsequenced(self, points: int, reason: str) -> None:
+        """Drop a batch that was never held (it got no sequence); charge every consumer."""
+        self._dropped_batches += 1
+        self._dropped[reason] += points
+        for c in self._consumers.values():
+            c.dropped_total += points
+            c.pending_dropped += points
+            c.pending_reasons[reason] = None
+        if points:
+            self._telemetry.add("gpumetrics.store.points.dropped", points, {"reason": reason})
 
     def _publish(self) -> None:
         t = self._telemetry

@@ -37,6 +37,12 @@ is forgotten and stops pinning data."""
 DEFAULT_MAX_CONSUMERS = 16
 """Default ``max_consumers``: pull consumers plus the push exporter."""
 
+DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
+"""Default ``BatchStore(max_batch_bytes=...)``: 4 MiB minus 64 KiB, so every batch fits, with its
+Pull envelope, the 4 MiB default receive limit of gRPC clients (grpc-go, grpcio). The sizing
+node's batch (about 1.01 MiB) is far below it; only denser nodes or longer batch intervals are
+split."""
+
 
 @dataclass(frozen=True)
 class StoreLimits:

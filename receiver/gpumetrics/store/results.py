@@ -12,7 +12,7 @@ DEFAULT_CONSUMER = "default"
 CONSUMER_NAME_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 """Allowed consumer names (``pull.proto``): 1 to 128 bytes of ``[A-Za-z0-9._:/-]``."""
 
-DROP_REASONS = ("max_age", "max_data_points", "max_bytes")
+DROP_REASONS = ("max_age", "max_data_points", "max_bytes", "max_batch_bytes")
 """Why batches are dropped, named after the :class:`StoreLimits` field that forced it out."""
 
 
@@ -21,23 +21,43 @@ class TooManyConsumersError(Exception):
 
 
 @dataclass(frozen=True)
+class Delivery:
+    """What one pull changed in its consumer's delivery record (for :meth:`BatchStore.undo_pull`).
+
+    Attributes:
+        consumer: the consumer name.
+        delivered_before, delivered_after: its delivered sequence before and after the pull.
+        dropped_data_points, drop_reasons: the drop report the pull carried (and cleared).
+
+    """
+
+    consumer: str
+    delivered_before: int
+    delivered_after: int
+    dropped_data_points: int
+    drop_reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class PullResult:
     """What one :meth:`BatchStore.pull` returns (the fields of ``gpumetrics.v1.PullResponse``).
 
     Attributes:
-        data: a serialized ``ExportMetricsServiceRequest`` (the batches' concatenation), or
-            ``b""`` when nothing is new.
+        parts: the serialized batches of the answer, oldest first; their concatenation is one
+            serialized ``ExportMetricsServiceRequest`` (see :attr:`data`). Empty when nothing
+            is new. Kept apart so a server can copy them once, straight into its message.
         epoch: the store's epoch, to echo as ``ack_epoch``.
-        first_sequence, last_sequence: the batches in ``data`` (both 0 when none).
+        first_sequence, last_sequence: the batches in ``parts`` (both 0 when none).
         more: batches are waiting after ``last_sequence``.
-        data_points: data points in ``data``.
+        data_points: data points in ``parts``.
         dropped_data_points: points this consumer lost since its previous pull.
         dropped_data_points_total: points this consumer lost since it registered in this epoch.
         drop_reasons: the limits behind ``dropped_data_points`` (subset of :data:`DROP_REASONS`).
+        delivery: what the pull recorded, to undo if the answer never reached the consumer.
 
     """
 
-    data: bytes
+    parts: tuple[bytes, ...]
     epoch: str
     first_sequence: int
     last_sequence: int
@@ -46,6 +66,17 @@ class PullResult:
     dropped_data_points: int
     dropped_data_points_total: int
     drop_reasons: tuple[str, ...]
+    delivery: Delivery | None = None
+
+    @property
+    def data(self) -> bytes:
+        """The answer as one serialized ``ExportMetricsServiceRequest`` (``b""`` when empty)."""
+        return b"".join(self.parts)
+
+    @property
+    def size(self) -> int:
+        """Serialized size of :attr:`data` (By), without joining the parts."""
+        return sum(len(p) for p in self.parts)
 
 
 @dataclass(frozen=True)
@@ -60,7 +91,9 @@ class ConsumerStats:
         name: consumer name.
         base_sequence: the cursor it was registered with (oldest batch held, minus one).
         acked_sequence: its cursor: everything up to here is acknowledged (or was dropped).
-        delivered_sequence: the highest sequence sent to it (acks are clamped to this).
+        delivered_sequence: every batch up to here was sent to it, acknowledged or dropped
+            (a contiguous prefix: batches skipped with ``read_after_sequence`` do not count);
+            acknowledgements are clamped to it.
         offered_points: points of every batch after ``base_sequence``.
         acked_points: points it acknowledged while they were held.
         dropped_points_total: points dropped before it acknowledged them.

@@ -54,10 +54,12 @@ class MetricsPullServiceServicer:
         UNAUTHENTICATED: no bearer token, or an unknown one (when the sidecar requires tokens);
         PERMISSION_DENIED: a token that may only declare processes (a declare token);
         INVALID_ARGUMENT: a malformed request; the message starts with the field (`consumer: ...`);
-        UNAVAILABLE: nothing collected yet, or the sidecar is unreachable; retry with back-off;
+        UNAVAILABLE: nothing collected yet, the answers in flight use the sidecar's whole budget
+        for them, or the sidecar is unreachable; retry with back-off;
         RESOURCE_EXHAUSTED: a new consumer beyond the store's consumer limit, a request larger than
         the server's receive limit, or more calls in flight than the server allows.
-        Nothing held changes when a Pull fails.
+        Nothing held changes when a Pull fails, including a Pull whose answer never arrived (the
+        call was cancelled or its connection broke): its delivery is taken back.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

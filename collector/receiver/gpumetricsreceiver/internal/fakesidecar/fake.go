@@ -4,10 +4,12 @@
 //
 //   - batches are numbered from 1 within an epoch and stored serialized, as
 //     ExportMetricsServiceRequest bytes; an answer is their byte-wise concatenation;
-//   - each consumer ("" is "default") has an acknowledged cursor and the highest sequence sent to
-//     it; it is registered by its first Pull with its cursor just before the oldest batch held;
+//   - each consumer ("" is "default") has an acknowledged cursor and a delivered sequence, the end
+//     of the unbroken run of batches sent to it from its cursor on (an answer that skips ahead
+//     with read_after_sequence does not extend it); it is registered by its first Pull with its
+//     cursor just before the oldest batch held;
 //   - a Pull first applies ack_sequence when ack_epoch is the current epoch (never backwards,
-//     clamped to the highest sequence sent), releases the batches every consumer acknowledged,
+//     clamped to the delivered sequence), releases the batches every consumer acknowledged,
 //     then answers with the batches after the read position max(read_after_sequence, cursor)
 //     (read_after_sequence is ignored when ack_epoch is not the current epoch), oldest first, as
 //     many as fit max_data_points, max_bytes and Options.MaxBatchesPerPull (the first always);
@@ -195,7 +197,9 @@ func (s *Server) Pull(ctx context.Context, req *gpumetricsv1.PullRequest) (*gpum
 	resp.DroppedDataPointsTotal = c.droppedTotal
 	if !req.GetAckOnly() {
 		s.answer(req, position, resp)
-		c.sent = max(c.sent, resp.LastSequence)
+		if resp.LastSequence != 0 && resp.FirstSequence <= c.sent+1 { // contiguous with what it was sent
+			c.sent = max(c.sent, resp.LastSequence)
+		}
 	}
 	tail := max(resp.LastSequence, position)
 	resp.More = len(s.batches) > 0 && s.batches[len(s.batches)-1].seq > tail

@@ -61,6 +61,15 @@ func TestPullRules(t *testing.T) {
 			},
 		},
 		{
+			name: "an ack past batches skipped with read_after_sequence releases none of them", batches: 4,
+			steps: []step{
+				{req: pr("c", 0, "E", 2, 0, false), wantFirst: 3, wantLast: 4, wantLabels: []string{"b3", "b4"}, wantHeld: 4},
+				{req: pr("c", 4, "E", 0, 0, true), wantMore: true, wantHeld: 4},
+				{req: pr("c", 0, "E", 0, 0, false), wantFirst: 1, wantLast: 4, wantLabels: []string{"b1", "b2", "b3", "b4"}, wantHeld: 4},
+				{req: pr("c", 4, "E", 4, 0, false), wantHeld: 0},
+			},
+		},
+		{
 			name: "reading from the cursor again re-delivers what was not acknowledged", batches: 3,
 			steps: []step{
 				{req: pr("c", 0, "E", 0, 2, false), wantFirst: 1, wantLast: 1, wantMore: true, wantLabels: []string{"b1"}, wantHeld: 3},
