@@ -164,7 +164,7 @@ def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp,
             out: queue.Queue = queue.Queue()
             responses = stub.StreamDeclarations(iter(out.get, None), timeout=TIMEOUT)
             out.put(ppb.StreamDeclarationsRequest(resync_begin=ppb.ResyncBegin()))
-            bad = [ppb.EnvironmentVariable(name="NOT_OTEL", value=b"x")]
+            bad = [ppb.EnvironmentVariable(name="NOT=VALID", value=b"x")]  # "=": never a name
             for pid in range(1, 30_001):  # sent ahead of the answers (gRPC flow control paces)
                 decl = ppb.ProcessDeclaration(pid=pid, environment=bad)
                 out.put(ppb.StreamDeclarationsRequest(declare=decl))
