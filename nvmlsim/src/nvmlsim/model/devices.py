@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
+from nvmlsim.eventtypes import event_type_bit
 from nvmlsim.model.values import Code, Dyn, RawBytes, Strict, ValueType, Window
 
 __all__ = [
@@ -319,11 +320,27 @@ class FieldValue(Strict):
     scope_id: int | None = Field(default=None, ge=0, le=U32)
 
 
+def _event_types(value: object) -> object:
+    if isinstance(value, list):
+        for name in value:
+            event_type_bit(str(name))  # ValueError naming the known types
+        if len(set(value)) != len(value):
+            raise ValueError("an event type is listed twice")
+    return value
+
+
+#: Event type names (``nvmlsim.eventtypes``), validated against the NVML bits.
+EventTypeList = Annotated[list[str], BeforeValidator(_event_types)]
+
+
 class Device(Strict):
     """One physical GPU. ``index`` defaults to the position in ``devices``.
 
     ``field_values`` answers ``nvmlDeviceGetFieldValues``, keyed by field id: a number or an
     ``NVML_FI_*`` name (``POWER_INSTANT`` is short for ``NVML_FI_DEV_POWER_INSTANT``).
+    ``supported_events`` are the event types ``nvmlDeviceGetSupportedEventTypes`` reports and
+    ``nvmlDeviceRegisterEvents`` accepts (names of ``nvmlsim.eventtypes``); omitted, both answer
+    NOT_SUPPORTED.
     """
 
     index: int | None = Field(default=None, ge=0)
@@ -355,6 +372,7 @@ class Device(Strict):
     field_values: Annotated[dict[int, FieldValue], BeforeValidator(_field_ids)] = Field(
         default_factory=dict
     )
+    supported_events: EventTypeList | None = None
     processes: list[Process] = Field(default_factory=list)
     process_sets: list[ProcessSet] = Field(default_factory=list)
 
