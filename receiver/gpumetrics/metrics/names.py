@@ -32,6 +32,7 @@ MetricGPUPCIeThroughput = "nvidia.gpu.pcie.throughput"
 MetricProcessUtilization = "nvidia.gpu.process.utilization"
 MetricProcessMemoryCopyUtilization = "nvidia.gpu.process.memory_copy.utilization"
 MetricProcessMemoryUsage = "nvidia.gpu.process.memory.usage"
+MetricGPUEvents = "nvidia.gpu.events"
 
 # --- attribute keys ---
 AttrHwID = "hw.id"
@@ -53,6 +54,8 @@ AttrMIGMode = "nvidia.gpu.mig.mode"
 AttrMIGGPUInstanceID = "nvidia.gpu.mig.gpu_instance.id"
 AttrMIGComputeInstanceID = "nvidia.gpu.mig.compute_instance.id"
 AttrProcessPID = "process.pid"
+AttrEventType = "nvidia.gpu.event.type"
+AttrXidCode = "nvidia.gpu.xid.code"
 
 # --- attribute values ---
 HwTypeGPU = "gpu"

@@ -7,7 +7,10 @@ Runtime contract (``docs/architecture.md``, "Runtime contracts"):
 - :attr:`Collector.ready` (``threading.Event``) is set after the first complete collection cycle;
 - :meth:`Collector.nvml_up`;
 - :meth:`Collector.stop` stops scheduling, joins the workers, then calls ``nvmlShutdown`` exactly
-  once, and only when no worker can still be inside an NVML call (F22).
+  once, and only when no worker can still be inside an NVML call (F22);
+- :meth:`Collector.attach_events` (optional, before :meth:`start`): listen for NVML events
+  (``nvml/events.py``) on their own thread; the listener follows the session's devices after
+  every cycle, and is stopped (its event set freed) before every ``nvmlShutdown``.
 
 Tests drive cycles explicitly with :meth:`Collector.collect_once`; the threaded scheduler only
 paces those calls. A cycle commits each device's points to the producer only when that device's
@@ -23,12 +26,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpumetrics.events import EventSettings, EventSink
 from gpumetrics.metrics import names
 from gpumetrics.metrics.producer import Producer
 from gpumetrics.nvml.calls import DeviceCalls, DeviceLost, LibraryDown
 from gpumetrics.nvml.commit import commit, publish_devices, with_instances
 from gpumetrics.nvml.context import Context, Points, Tick, read_pid_max
 from gpumetrics.nvml.device import Device, discover
+from gpumetrics.nvml.events import EventListener
 from gpumetrics.nvml.library import Session
 from gpumetrics.nvml.query import QueryError
 from gpumetrics.nvml.samples import TimeBase, boot_time_ns
@@ -115,6 +120,8 @@ class Collector:
         self._stopped = False
         self._overrun_logged = False
         self._shut_down = False
+        self._events: EventListener | None = None
+        self._generation = 0  # counts successful NVML inits (the listener's sessions)
         self.ready = threading.Event()
         """Set after the first complete collection cycle."""
         self.exit_requested = threading.Event()
@@ -142,6 +149,33 @@ class Collector:
         For tests and diagnostics; the scheduler never waits on it.
         """
         return self._pool.wait_idle(timeout_s)
+
+    def attach_events(self, sink: EventSink, settings: EventSettings) -> None:
+        """Listen for NVML events into ``sink`` (call before :meth:`start`; tests may skip it).
+
+        Nothing happens when ``settings.enabled`` is False. The listener thread starts with the
+        first cycle that has devices.
+        """
+        if settings.enabled and self._events is None:
+            self._events = EventListener(
+                sink, settings, self._telemetry, self._log, clock_ns=self._ctx.clock_ns
+            )
+
+    @property
+    def events(self) -> EventListener | None:
+        """The event listener, when :meth:`attach_events` set one up (for tests, diagnostics)."""
+        return self._events
+
+    def _nvml_quiet(self) -> bool:
+        """True when no worker and no event listener call can be in flight (shutdown is safe)."""
+        return not self._pool.busy() and (self._events is None or self._events.idle())
+
+    def _quiesce_events(self, timeout_s: float) -> bool:
+        """Suspend the listener and wait until it freed its set and left NVML; True when so."""
+        if self._events is None:
+            return True
+        self._events.suspend()
+        return self._events.wait_idle(timeout_s)
 
     def start(self) -> None:
         """Start the scheduler thread and return at once (init is retried in the background)."""
@@ -187,7 +221,10 @@ class Collector:
         try:
             if self._shut_down:
                 return True
-            clean = self._pool.close(max(0.0, end - time.monotonic()))
+            events_stopped = True
+            if self._events is not None:
+                events_stopped = self._events.stop(max(0.0, end - time.monotonic()))
+            clean = self._pool.close(max(0.0, end - time.monotonic())) and events_stopped
             if not clean or (thread is not None and thread.is_alive()):
                 self._log.error(
                     "NVML calls still in flight after %.1f s; not calling nvmlShutdown", timeout_s
@@ -209,7 +246,11 @@ class Collector:
         if not self._lock.acquire(timeout=timeout_s):
             return False
         try:
-            if self._pool.busy() or not self._pool.close(timeout_s):
+            if (
+                self._pool.busy()
+                or not self._quiesce_events(timeout_s)
+                or not self._pool.close(timeout_s)
+            ):
                 self._log.error("cannot release NVML: a call is still in flight")
                 return False
             self._pool = WorkerPool(self._settings.call_timeout_s)
@@ -246,10 +287,11 @@ class Collector:
         if self._stopped:
             return CycleReport(False, "stopped")
         if not s.up:
-            if not s.ensure(safe=not self._pool.busy()) or not self._discover():
+            if not s.ensure(safe=self._nvml_quiet()) or not self._discover():
                 self._count_init_errors()
                 self._publish_devices()
                 return CycleReport(False, s.reason)
+            self._generation += 1
             self._count_init_errors()
         ctx = self._ctx
         now_ns, mono_ns = ctx.clock_ns(), ctx.monotonic_ns()
@@ -286,6 +328,8 @@ class Collector:
         self._replace(replaced)
         report.points = self._commit(points, now_ns)
         report.states = {d.uuid: d.health.state.value for d in self._all_devices()}
+        if self._events is not None:
+            self._events.sync(self._devices, self._generation)
         return report
 
     def _job(self, dev: Device, tick: Tick) -> Job:
@@ -354,7 +398,9 @@ class Collector:
         return True
 
     def _library_down(self, err: QueryError) -> CycleReport:
-        self._session.lost(err, safe=not self._pool.busy())
+        if self._events is not None:
+            self._events.suspend()  # frees its set while NVML still answers (shutdown waits)
+        self._session.lost(err, safe=self._nvml_quiet())
         self._forget_devices()
         self._publish_devices()
         return CycleReport(False, self._session.reason)
@@ -379,6 +425,8 @@ class Collector:
         return with_instances(self._devices)
 
     def _commit(self, points: Points, now_ns: int) -> int:
+        if self._events is not None and self._settings.wants(names.MetricGPUEvents):
+            points.host.extend(self._events.counter_points(self._all_devices(), now_ns))
         return commit(self._producer, self._telemetry, self._devices, points, now_ns)
 
     def _publish_devices(self) -> None:
