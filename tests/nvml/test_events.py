@@ -158,9 +158,7 @@ def test_gpu_lost_during_the_wait_is_one_record_and_events_resume(nvml_run, help
     data["nvml_events"] = [
         {"device": lost_uuid, "type": "xid", "data": 31, "after_registration": 2},
     ]
-    run = nvml_run(
-        data, helpers.settings(device_backoff_initial_s=2.0, device_backoff_max_s=2.0)
-    )
+    run = nvml_run(data, helpers.settings(device_backoff_initial_s=2.0, device_backoff_max_s=2.0))
     sink = attach(run)
     start(run, gpus=len(data["devices"]))
     run.cycle(2)  # cycles 2-3
@@ -179,9 +177,10 @@ def test_gpu_lost_during_the_wait_is_one_record_and_events_resume(nvml_run, help
     run.cycle()
     out = run.output()
     assert out.values(names.MetricGPUEvents, hw__id=lost_uuid, nvidia__gpu__event__type="gpu_lost")
-    assert out.values(names.MetricGPUEvents, hw__id=lost_uuid, nvidia__gpu__event__type="gpu_lost")[
-        -1
-    ] == 1
+    assert (
+        out.values(names.MetricGPUEvents, hw__id=lost_uuid, nvidia__gpu__event__type="gpu_lost")[-1]
+        == 1
+    )
     assert run.drv.violations == []
 
 
@@ -254,9 +253,12 @@ def test_a_storm_is_counted_in_full_and_logged_within_the_limit(nvml_run, helper
     sink.wait_seen(10_000, timeout_s=120)
     first = records(sink)
     assert len(first) == 5 and {rattrs(r)["nvidia.gpu.xid.code"] for r in first} == {13}
-    assert run.tel.value(
-        "gpumetrics.events.suppressed", {"nvidia.gpu.event.type": "xid", "reason": "storm"}
-    ) == 9_995
+    assert (
+        run.tel.value(
+            "gpumetrics.events.suppressed", {"nvidia.gpu.event.type": "xid", "reason": "storm"}
+        )
+        == 9_995
+    )
     run.drv.advance(10.0)  # the storm window closes
     (summary,) = records(sink)
     assert summary.event_name == "nvidia.gpu.events.suppressed"
@@ -325,4 +327,3 @@ def test_profiles_with_events_register_every_gpu(nvml_run, helpers):
     mask = run.col.events
     assert mask is not None
     assert run.calls("nvmlDeviceRegisterEvents") == 8
-

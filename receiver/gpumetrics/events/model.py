@@ -1,4 +1,4 @@
-"""What the listener hands on: one :class:`GpuEvent` per event NVML delivered (or the sidecar derived).
+"""What the listener hands on: one :class:`GpuEvent` per event (NVML's, or one the sidecar derives).
 
 The listener (``gpumetrics.nvml.events``) fills it from ``nvmlEventData_t`` and the device's
 identity; :class:`~gpumetrics.events.producer.EventProducer` counts it, applies the storm limit
@@ -15,7 +15,7 @@ from gpumetrics.metrics.buffer import Attributes
 __all__ = ["EventSink", "EventTotal", "GpuEvent", "INSTANCE_ID_ANY"]
 
 INSTANCE_ID_ANY = 0xFFFFFFFF
-"""``NVML_GPU_INSTANCE_ID_ANY`` / ``NVML_COMPUTE_INSTANCE_ID_ANY``: not attributed to an instance."""
+"""``NVML_GPU_INSTANCE_ID_ANY`` / ``NVML_COMPUTE_INSTANCE_ID_ANY``: no instance named."""
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ class EventProducer:
 
     # -- the batcher's side --------------------------------------------------------------------
     def queued(self) -> int:
-        """Records waiting for the next batch."""
+        """Return how many records wait for the next batch."""
         with self._lock:
             return len(self._queue)
 

@@ -13,14 +13,14 @@ from gpumetrics.events.catalogue import event_catalogue
 __all__ = ["EventSettings", "default_event_types"]
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
-"""Default ``events.max_bytes``: 16 MiB of serialized OTLP logs (about 30,000 records of ~500 By)."""
+"""Default ``events.max_bytes``: 16 MiB of serialized OTLP logs (~30,000 records of ~500 By)."""
 
 DEFAULT_MAX_LOG_RECORDS = 50_000
 """Default ``events.max_log_records`` held in the log store."""
 
 
 def default_event_types() -> tuple[str, ...]:
-    """The NVML event types registered by default (the catalogue's ``default: true`` ones)."""
+    """Return the NVML event types registered by default (the catalogue's ``default: true``)."""
     return tuple(s.type for s in event_catalogue().nvml_types if s.default)
 
 
@@ -69,15 +69,13 @@ class EventSettings(BaseModel):
         known = [s.type for s in event_catalogue().nvml_types]
         for i, name in enumerate(value):
             if name not in known:
-                raise ValueError(
-                    f"[{i}]: unknown event type {name!r}; known: {', '.join(known)}"
-                )
+                raise ValueError(f"[{i}]: unknown event type {name!r}; known: {', '.join(known)}")
         if len(set(value)) != len(value):
             raise ValueError("an event type is listed twice")
         return tuple(value)
 
     def mask(self) -> int:
-        """The NVML event type bits of ``types``, ORed."""
+        """Return the NVML event type bits of ``types``, ORed."""
         types = event_catalogue().types
         out = 0
         for name in self.types:

@@ -167,7 +167,7 @@ class Collector:
         return self._events
 
     def _nvml_quiet(self) -> bool:
-        """True when no worker and no event listener call can be in flight (shutdown is safe)."""
+        """Tell whether no worker and no listener call can be in flight (shutdown is safe)."""
         return not self._pool.busy() and (self._events is None or self._events.idle())
 
     def _quiesce_events(self, timeout_s: float) -> bool:
@@ -399,7 +399,9 @@ class Collector:
 
     def _library_down(self, err: QueryError) -> CycleReport:
         if self._events is not None:
-            self._events.suspend()  # frees its set while NVML still answers (shutdown waits)
+            # The listener frees its set while NVML still answers; its wait in flight ends
+            # within events.wait_timeout_s, so the one nvmlShutdown can follow at once.
+            self._quiesce_events(self._events.longest_call_s)
         self._session.lost(err, safe=self._nvml_quiet())
         self._forget_devices()
         self._publish_devices()

@@ -23,10 +23,11 @@ or TIMEOUT, and ``nvmlEventSetFree``. The :class:`EventListener` does that on th
   collector's ticks see the loss first), and the GPU is registered again when the collector
   recovers it (a new handle); its events resume from then on.
 * **Lifecycle.** The collector suspends the listener before the NVML session goes down
-  (library error, :meth:`Collector.release`, :meth:`Collector.stop`): the thread frees its set
-  while NVML is still initialised and makes no further call until the next :meth:`sync`, so
-  ``nvmlShutdown`` never meets a set or a wait in flight (F22). A lifecycle code answered to the
-  listener itself drops the set without more calls; the collector re-initialises on its own.
+  (library error, :meth:`Collector.release`, :meth:`Collector.stop`) and waits until it is idle
+  (at most one wait timeout): the thread frees its set while NVML is still initialised and makes
+  no further call until the next :meth:`sync`, so ``nvmlShutdown`` never meets a set or a wait
+  in flight (F22). A lifecycle code answered to the listener itself drops the set without more
+  calls; the collector re-initialises on its own.
 * **Errors.** Calls go through per-device gates (:mod:`gpumetrics.nvml.calls`): counted in
   ``gpumetrics.nvml.errors``, logged once. Repeated wait failures back off (1 s doubling to
   30 s), so a broken driver never makes the thread spin. A driver without
@@ -74,7 +75,7 @@ _GPU_LOST_NAMES = frozenset(code_name(c) for c in GPU_LOST_CODES)
 
 
 def handle_value(handle: Any) -> int:
-    """The address an nvidia-ml-py device handle holds (0 for None/NULL)."""
+    """Return the address an nvidia-ml-py device handle holds (0 for None/NULL)."""
     if handle is None:
         return 0
     return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
@@ -181,8 +182,13 @@ class EventListener:
             self._active = False
             self._cond.notify_all()
 
+    @property
+    def longest_call_s(self) -> float:
+        """How long the listener may stay inside NVML: one wait timeout, plus a margin (s)."""
+        return self._settings.wait_timeout_s + 1.0
+
     def idle(self) -> bool:
-        """True when no listener call is in flight and no event set is allocated."""
+        """Tell whether no listener call is in flight and no event set is allocated."""
         with self._cond:
             return self._idle
 
@@ -240,9 +246,11 @@ class EventListener:
         while True:
             with self._cond:
                 self._cond.wait_for(
-                    lambda: self._stopping
-                    or (self._active and (self._dirty or self._set is not None))
-                    or (not self._active and self._set is not None)
+                    lambda: (
+                        self._stopping
+                        or (self._active and (self._dirty or self._set is not None))
+                        or (not self._active and self._set is not None)
+                    )
                 )
                 if self._stopping or not self._active:
                     active = False
@@ -267,8 +275,9 @@ class EventListener:
                     self._idle = self._set is None
                     self._registered_count = len(self._registered)
                     self._cond.notify_all()
-                    if self._stopping and self._set is None:
-                        return
+                    done = self._stopping and self._set is None
+            if done:
+                return
 
     def _pause(self) -> None:
         """Back off after a failure (interrupted by stop, suspend or a new sync)."""
@@ -453,7 +462,9 @@ class EventListener:
         if es is None:
             return
         try:
-            self._set_calls.query("nvmlEventSetFree", "nvmlEventSetFree", pynvml.nvmlEventSetFree, es)
+            self._set_calls.query(
+                "nvmlEventSetFree", "nvmlEventSetFree", pynvml.nvmlEventSetFree, es
+            )
         except (QueryError, LibraryDown):
             pass  # counted and logged by the gate; the set is gone either way
 

@@ -1,5 +1,9 @@
 """The sidecar runtime: builds and wires collector → producer → batcher → store → server (+ push).
 
+GPU events run beside the metrics: the collector's event listener → ``EventProducer`` → the
+batcher (one log batch with each metric batch) → the log store → ``LogsPullService`` (+ push
+with OTLP ``LogsService.Export``), unless ``events.enabled`` is false.
+
 Start order (``docs/architecture.md``, runtime contracts): the simulated driver is installed
 first when asked; then the server starts listening (health ``""`` NOT_SERVING), the collector
 starts (NVML init retried in the background), the batcher starts, and push starts. Health turns
@@ -19,9 +23,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from gpumetrics.config import ConfigError, SidecarConfig
+from gpumetrics.events import EventProducer
 from gpumetrics.identity import (
     DeclaredStore,
     IdentityMode,
@@ -34,10 +40,10 @@ from gpumetrics.metrics import Producer
 from gpumetrics.nvml.context import DEFAULT_PID_MAX
 from gpumetrics.runtime.batcher import Batcher
 from gpumetrics.runtime.simulation import install_simulation, uninstall_simulation
-from gpumetrics.selftelemetry import Telemetry
+from gpumetrics.selftelemetry import Telemetry, WithAttributes
 from gpumetrics.service import ServerSettings, SidecarHealth, SidecarServer
-from gpumetrics.service.push import PushExporter
-from gpumetrics.store import BatchStore
+from gpumetrics.service.push import LOGS, PushExporter
+from gpumetrics.store import BatchStore, StoreLimits
 
 __all__ = ["CollectorLike", "Sidecar", "SidecarParts", "default_collector_factory"]
 
@@ -48,7 +54,8 @@ class CollectorLike(Protocol):
     """What the runtime needs of ``gpumetrics.nvml.collector.Collector``.
 
     Optionally also ``exit_requested: threading.Event`` and ``exit_code: int | None``: the
-    collector asks the process to exit non-zero (NVML library/driver mismatch, F12).
+    collector asks the process to exit non-zero (NVML library/driver mismatch, F12); and
+    ``attach_events(sink, settings)``: the collector listens for NVML events into ``sink``.
     """
 
     ready: threading.Event
@@ -87,6 +94,9 @@ class SidecarParts:
     collector: CollectorLike
     batcher: Batcher
     push: PushExporter | None
+    events: EventProducer | None = None
+    logs_store: BatchStore | None = None
+    push_logs: PushExporter | None = None
 
 
 def _simulated_node_config(config: SidecarConfig) -> SidecarConfig:
@@ -193,16 +203,26 @@ class Sidecar:
             read_process_context=ident.read_process_context,
             mode=ident.mode,
         )
+        host_attributes = _host_attributes(config, node, in_k8s)
         producer = Producer(
-            host_attributes=_host_attributes(config, node, in_k8s),
+            host_attributes=host_attributes,
             disabled_metrics=config.collection.disabled_metrics,
             telemetry=telemetry,
             self_telemetry=telemetry,
         )
         producer.set_process_resourcer(resourcer)
         store = BatchStore(config.store.limits(), telemetry=telemetry)
-        server = SidecarServer(server_settings, store, declared, health, telemetry)
+        events, logs_store = _events(config, host_attributes, telemetry)
+        server = SidecarServer(
+            server_settings, store, declared, health, telemetry, logs_store=logs_store
+        )
         collector = collector_factory(producer, config.collection, telemetry)
+        attach = getattr(collector, "attach_events", None)
+        companions = []
+        if events is not None and logs_store is not None:
+            if attach is not None:
+                attach(events, config.events)
+            companions.append(partial(_flush_events, events, logs_store))
         batcher = Batcher(
             producer,
             store,
@@ -210,12 +230,31 @@ class Sidecar:
             collector.ready,
             health.mark_ready,
             batch_wait,
+            companions=companions,
         )
-        push = (
-            PushExporter(store, config.push, telemetry=telemetry) if config.push.endpoint else None
-        )
+        push = push_logs = None
+        if config.push.endpoint:
+            push = PushExporter(store, config.push, telemetry=telemetry)
+            if logs_store is not None:
+                push_logs = PushExporter(
+                    logs_store,
+                    config.push,
+                    telemetry=WithAttributes(telemetry, {"signal": "logs"}),
+                    signal=LOGS,
+                )
         return SidecarParts(
-            telemetry, health, producer, store, declared, server, collector, batcher, push
+            telemetry,
+            health,
+            producer,
+            store,
+            declared,
+            server,
+            collector,
+            batcher,
+            push,
+            events,
+            logs_store,
+            push_logs,
         )
 
     def start(self) -> None:
@@ -224,8 +263,9 @@ class Sidecar:
         p.server.start()
         p.collector.start()
         p.batcher.start()
-        if p.push is not None:
-            p.push.start()
+        for push in (p.push, p.push_logs):
+            if push is not None:
+                push.start()
         ident = self.config.identity
         log.info(
             "sidecar started",
@@ -286,9 +326,11 @@ class Sidecar:
         clean = p.batcher.stop(left(0.2))
         p.collector.stop(left(0.5))
         try:
-            p.batcher.run_once()
+            p.batcher.run_once(final=True)
         except Exception:  # noqa: BLE001 - the last batch is best effort; keep shutting down
             log.exception("final batch failed")
+        if p.push_logs is not None:
+            p.push_logs.shutdown(flush_timeout_s=left(0.3))
         if p.push is not None:
             p.push.shutdown(flush_timeout_s=left(1.0))
         if self._owns_simulation:  # after nvmlShutdown: leave pynvml as this sidecar found it
@@ -296,6 +338,32 @@ class Sidecar:
             self._owns_simulation = False
         log.info("stopped", extra={"clean": clean})
         return clean
+
+
+def _events(
+    config: SidecarConfig, host_attributes: dict[str, Any], telemetry: Telemetry
+) -> tuple[EventProducer | None, BatchStore | None]:
+    """Build the GPU events' producer and log store, or (None, None) when events are disabled.
+
+    The log store has its own size limits (``events.max_*``) and the metric store's consumer
+    limits; its self-telemetry carries ``signal=logs``.
+    """
+    ev = config.events
+    if not ev.enabled:
+        return None, None
+    limits = StoreLimits(
+        max_bytes=ev.max_bytes,
+        max_data_points=ev.max_log_records,
+        max_age_s=ev.max_age_s,
+        consumer_ttl_s=config.store.consumer_ttl_s,
+        max_consumers=config.store.max_consumers,
+    )
+    logs_store = BatchStore(limits, telemetry=WithAttributes(telemetry, {"signal": "logs"}))
+    return EventProducer(ev, host_attributes, telemetry), logs_store
+
+
+def _flush_events(events: EventProducer, store: BatchStore, final: bool) -> None:
+    events.flush_to(store, final)
 
 
 def _relabel_rules(path: str | None, mode: IdentityMode) -> Any:

@@ -39,6 +39,7 @@ const minConnectTimeout = 5 * time.Second
 type Remote struct {
 	conn *grpc.ClientConn
 	pull gpumetricsv1.MetricsPullServiceClient
+	logs gpumetricsv1.LogsPullServiceClient
 
 	closeOnce sync.Once
 	closeErr  error
@@ -65,12 +66,21 @@ func DialRemote(cfg RemoteConfig) (*Remote, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sidecar endpoint %q: %w", cfg.Target, err)
 	}
-	return &Remote{conn: conn, pull: gpumetricsv1.NewMetricsPullServiceClient(conn)}, nil
+	return &Remote{
+		conn: conn,
+		pull: gpumetricsv1.NewMetricsPullServiceClient(conn),
+		logs: gpumetricsv1.NewLogsPullServiceClient(conn),
+	}, nil
 }
 
 // Pull calls MetricsPullService/Pull on the sidecar.
 func (r *Remote) Pull(ctx context.Context, req *gpumetricsv1.PullRequest) (*gpumetricsv1.PullResponse, error) {
 	return r.pull.Pull(ctx, req)
+}
+
+// PullLogs calls LogsPullService/PullLogs on the sidecar.
+func (r *Remote) PullLogs(ctx context.Context, req *gpumetricsv1.PullLogsRequest) (*gpumetricsv1.PullLogsResponse, error) {
+	return r.logs.PullLogs(ctx, req)
 }
 
 // Lost is always false: the gRPC connection reconnects by itself.
