@@ -39,6 +39,7 @@ def placeholders(tmp: Path) -> dict[str, str]:
         "SIDECAR_PROFILER_SOCKET": str(tmp / "profiler.sock"),
         "SIDECAR_ENDPOINT": f"unix://{tmp / 'gm.sock'}",
         "E2E_OUTPUT": str(tmp / "metrics.jsonl"),
+        "E2E_EVENTS_OUTPUT": str(tmp / "events.jsonl"),
     }
 
 
@@ -87,7 +88,7 @@ def test_structure(path: Path) -> None:
 
     service = config["service"]
     for name, pipeline in service["pipelines"].items():
-        assert name.split("/")[0] in ("metrics",), f"{path.name}: pipeline {name}"
+        assert name.split("/")[0] in ("metrics", "logs"), f"{path.name}: pipeline {name}"
         for section in ("receivers", "processors", "exporters"):
             for component in pipeline.get(section, []):
                 assert component in config.get(section, {}), (
@@ -120,9 +121,11 @@ def test_required_variables_are_known(path: Path, tmp_path: Path) -> None:
 )
 def test_e2e_configs_give_what_the_tests_read(path: Path) -> None:
     config = load(path)
-    file_exporter = config["exporters"]["file"]
-    assert file_exporter.get("format", "json") == "json"
-    assert "compression" not in file_exporter  # compressed records are length-prefixed
+    for name in ("file", "file/events"):
+        file_exporter = config["exporters"][name]
+        assert file_exporter.get("format", "json") == "json"
+        assert "compression" not in file_exporter  # compressed records are length-prefixed
+    assert config["service"]["pipelines"]["logs"]["exporters"] == ["file/events"]
     assert config["service"]["telemetry"]["metrics"]["level"] == "none"
     assert config["service"]["telemetry"]["logs"]["encoding"] == "json"
     assert config["service"]["telemetry"]["logs"]["level"] == "debug"  # go-plugin's messages

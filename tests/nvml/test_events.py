@@ -171,6 +171,11 @@ def test_gpu_lost_during_the_wait_is_one_record_and_events_resume(nvml_run, help
     seen = sink.wait_seen(2)
     assert [e.type for e in seen] == ["gpu_lost", "xid"]
     assert seen[1].data == 31 and seen[1].device_id == lost_uuid
+    listener = run.col.events
+    assert listener is not None
+    # one set at start, one after the loss (the old one kept answering GPU_IS_LOST); the
+    # recovered GPU joined the second set, so no other GPU's queued event was lost to a third
+    assert listener.rebuilds == 2
     recs = records(sink)
     assert [r.event_name for r in recs] == ["nvidia.gpu.lost", "nvidia.gpu.xid"]
     assert recs[0].severity_text == "FATAL" and "is lost" in recs[0].body.string_value

@@ -48,9 +48,10 @@ func newLogsPull() *logsPull {
 // for field onto PullLogsRequest (data points are log records there).
 func (l *logsPull) signal(ld plog.Logs, s *pullScraper) signal {
 	return signal{
-		name:  "logs",
-		items: "log records",
-		key:   "log_records",
+		name:      "logs",
+		items:     "log records",
+		key:       "log_records",
+		restarted: "The gpumetrics sidecar's log store has a new epoch (the sidecar restarted); logs acknowledgement cursor reset",
 		pull: func(ctx context.Context, conn sidecar.Conn, req *gpumetricsv1.PullRequest) (*pullAnswer, error) {
 			r, err := conn.PullLogs(ctx, logsRequest(req))
 			if err != nil {

@@ -297,16 +297,24 @@ type signal struct {
 	decode func(payload []byte) error
 	// count returns the items handed to the pipeline so far.
 	count func() int64
-	// dropped counts items the sidecar dropped before this receiver acknowledged them.
+	// dropped counts items the sidecar dropped before this receiver acknowledged them (nil:
+	// the data-point counter).
 	dropped func(ctx context.Context, n int64)
+	// restarted is logged when the store's epoch changes; the metric store's epoch changes
+	// count as sidecar restarts (otelcol_gpumetrics_sidecar_restarts), the log store's do not
+	// (one restart changes both).
+	restarted     string
+	countRestarts bool
 }
 
 // metricsSignal pulls MetricsPullService/Pull into md.
 func metricsSignal(md pmetric.Metrics) signal {
 	return signal{
-		name:  "metrics",
-		items: "data points",
-		key:   "data_points",
+		name:          "metrics",
+		items:         "data points",
+		key:           "data_points",
+		restarted:     "The gpumetrics sidecar restarted (new store epoch); acknowledgement cursor reset",
+		countRestarts: true,
 		pull: func(ctx context.Context, conn sidecar.Conn, req *gpumetricsv1.PullRequest) (*pullAnswer, error) {
 			r, err := conn.Pull(ctx, req)
 			if err != nil {
@@ -354,9 +362,11 @@ func (s *pullScraper) pullBacklog(ctx, stopped context.Context, cur *cursor, sig
 		}
 		cur.delivered(req)
 		if old, restarted := cur.observeEpoch(resp.epoch); restarted {
-			s.logger.Info("The gpumetrics sidecar restarted (new store epoch); acknowledgement cursor reset",
+			s.logger.Info(sig.restarted,
 				zap.String("signal", sig.name), zap.String("old_epoch", old), zap.String("epoch", resp.epoch))
-			s.telemetry.GpumetricsSidecarRestarts.Add(ctx, 1)
+			if sig.countRestarts {
+				s.telemetry.GpumetricsSidecarRestarts.Add(ctx, 1)
+			}
 		}
 		s.reportDrops(ctx, resp, sig)
 		if d != nil && d.epoch != resp.epoch {

@@ -9,17 +9,19 @@ or TIMEOUT, and ``nvmlEventSetFree``. The :class:`EventListener` does that on th
 ``gpumetrics-nvml-events``, apart from the device workers, so a wait never delays a tick:
 
 * **Registration.** The collector hands it the devices of the current session after every
-  cycle (:meth:`EventListener.sync`); when they change (a new session, a GPU recovered with a
-  new handle, a new index) the listener builds a new set between two waits. Each GPU's supported
-  types are probed once per session (NOT_SUPPORTED disables it for the session, logged once)
-  and registered ANDed with ``events.types``. MIG: NVML registers physical GPUs only (per-instance
+  cycle (:meth:`EventListener.sync`); when they change, the listener acts between two waits: a
+  new session gets a new set; a GPU recovered with a new handle is registered on the set it has
+  (no events of the other GPUs are lost to a new set). Each GPU's supported types are probed
+  once per session (NOT_SUPPORTED disables it for the session, logged once) and registered ANDed
+  with ``events.types``. MIG: NVML registers physical GPUs only (per-instance
   registration through MIG handles is not supported); an event with instance ids is attributed
   to the matching MIG instance.
 * **Waiting.** ``nvmlEventSetWait_v2`` with ``events.wait_timeout_s`` (1 s): the bound on how
   long a stop or a re-registration waits for the thread. TIMEOUT just loops.
 * **GPU lost.** A wait answering GPU_IS_LOST (drivers rarely deliver Xid 79 as an event; the
-  wait fails instead) makes the listener build a new set: registering the lost GPU fails with
-  GPU_IS_LOST, which names it. It yields one ``gpu_lost`` event per loss (also when the
+  wait fails instead) makes the listener build a new set (the old one would keep answering
+  GPU_IS_LOST; the wait answered it only once its queued events were read): registering the
+  lost GPU fails with GPU_IS_LOST, which names it. It yields one ``gpu_lost`` event per loss (also when the
   collector's ticks see the loss first), and the GPU is registered again when the collector
   recovers it (a new handle); its events resume from then on.
 * **Lifecycle.** The collector suspends the listener before the NVML session goes down
@@ -139,6 +141,7 @@ class EventListener:
         self._gates: dict[str, DeviceCalls] = {}
         self._masks: dict[str, int] = {}
         self._lost: dict[str, int] = {}  # uuid -> id() of the record it was lost on
+        self._new_set_needed = False  # a registered GPU was lost: this set answers GPU_IS_LOST
         self._disabled_generation = -1
         self._set_calls = DeviceCalls("event set", telemetry, self._log)
 
@@ -209,7 +212,7 @@ class EventListener:
 
     @property
     def rebuilds(self) -> int:
-        """How many sets the listener has built (for tests and diagnostics)."""
+        """Return how many sets the listener has created (for tests and diagnostics)."""
         with self._cond:
             return self._rebuilds
 
@@ -263,7 +266,7 @@ class EventListener:
                 if not active:
                     self._free()
                 elif rebuild or generation != self._set_generation:
-                    self._rebuild(devices, generation)
+                    self._refresh(devices, generation)
                 elif self._set is not None:
                     self._wait_once()
             except Exception:  # noqa: BLE001 - the listener must outlive any bug, logged
@@ -298,30 +301,18 @@ class EventListener:
         self._masks.clear()
         self._set_generation = generation
 
-    def _rebuild(self, devices: list[Device], generation: int) -> None:
-        self._free()
-        if generation != self._set_generation:
-            self._new_session(generation)
-        if self._disabled_generation == generation:
-            return
-        try:
-            self._set = self._set_calls.query(
-                "nvmlEventSetCreate", "nvmlEventSetCreate", pynvml.nvmlEventSetCreate
-            )
-        except LibraryDown:
-            self._set = None
-            return
-        except QueryError as err:
-            self._set = None
-            if err.kind in (ErrorKind.FUNCTION_MISSING, ErrorKind.UNSUPPORTED):
-                self._disable(generation, "nvmlEventSetCreate", err)
-            else:
-                self._pause()
-            return
-        with self._cond:
-            self._rebuilds += 1
+    def _refresh(self, devices: list[Device], generation: int) -> None:
+        """Register what is not registered yet; on a new session or a lost GPU, on a new set."""
+        if self._set is None or self._new_set_needed or generation != self._set_generation:
+            if not self._new_set(generation):
+                return
+        current = {(d.uuid, handle_value(d.handle)) for d in devices if d.handle is not None}
+        for key, reg in list(self._registered.items()):
+            if (reg.dev.uuid, reg.handle) not in current:
+                del self._registered[key]  # a reset or vanished GPU: that handle says nothing
         for dev in devices:
-            if dev.handle is not None and dev.parent is None:
+            registered = handle_value(dev.handle) in self._registered
+            if dev.handle is not None and dev.parent is None and not registered:
                 try:
                     self._register(dev)
                 except LibraryDown:
@@ -330,6 +321,32 @@ class EventListener:
         self._telemetry.set(REGISTERED_DEVICES, len(self._registered))
         if not self._registered:
             self._free()
+
+    def _new_set(self, generation: int) -> bool:
+        """Free the set and create a new one (a new session re-probes capabilities)."""
+        self._free()
+        self._new_set_needed = False
+        if generation != self._set_generation:
+            self._new_session(generation)
+        if self._disabled_generation == generation:
+            return False
+        try:
+            self._set = self._set_calls.query(
+                "nvmlEventSetCreate", "nvmlEventSetCreate", pynvml.nvmlEventSetCreate
+            )
+        except LibraryDown:
+            self._set = None
+            return False
+        except QueryError as err:
+            self._set = None
+            if err.kind in (ErrorKind.FUNCTION_MISSING, ErrorKind.UNSUPPORTED):
+                self._disable(generation, "nvmlEventSetCreate", err)
+            else:
+                self._pause()
+            return False
+        with self._cond:
+            self._rebuilds += 1
+        return True
 
     def _supported(self, dev: Device) -> int:
         mask = self._masks.get(dev.uuid)
@@ -410,8 +427,9 @@ class EventListener:
             "gpumetrics.nvml.errors", 1, {"nvml.function": WAIT, "nvml.return_code": err.code_name}
         )
         if err.code in GPU_LOST_CODES:
+            self._new_set_needed = True
             with self._cond:
-                self._dirty = True  # rebuilding names the lost GPU (its registration fails)
+                self._dirty = True  # a new set names the lost GPU (its registration fails)
             if self._backoff.due(time.monotonic_ns()):
                 self._backoff.failed(time.monotonic_ns())
                 return
