@@ -13,7 +13,7 @@ from gpumetrics.events.catalogue import event_catalogue
 __all__ = ["EventSettings", "default_event_types"]
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
-"""Default ``events.max_bytes``: 16 MiB of serialized OTLP logs (~30,000 records of ~500 By)."""
+"""Default ``events.max_bytes``: 16 MiB of serialized OTLP logs (~16,000 records of ~1 KiB)."""
 
 DEFAULT_MAX_LOG_RECORDS = 50_000
 """Default ``events.max_log_records`` held in the log store."""

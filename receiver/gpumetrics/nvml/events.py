@@ -21,9 +21,9 @@ or TIMEOUT, and ``nvmlEventSetFree``. The :class:`EventListener` does that on th
 * **GPU lost.** A wait answering GPU_IS_LOST (drivers rarely deliver Xid 79 as an event; the
   wait fails instead) makes the listener build a new set (the old one would keep answering
   GPU_IS_LOST; the wait answered it only once its queued events were read): registering the
-  lost GPU fails with GPU_IS_LOST, which names it. It yields one ``gpu_lost`` event per loss (also when the
-  collector's ticks see the loss first), and the GPU is registered again when the collector
-  recovers it (a new handle); its events resume from then on.
+  lost GPU fails with GPU_IS_LOST, which names it. It yields one ``gpu_lost`` event per loss
+  (also when the collector's ticks see the loss first), and the GPU is registered again when the
+  collector recovers it (a new handle); its events resume from then on.
 * **Lifecycle.** The collector suspends the listener before the NVML session goes down
   (library error, :meth:`Collector.release`, :meth:`Collector.stop`) and waits until it is idle
   (at most one wait timeout): the thread frees its set while NVML is still initialised and makes
