@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 from gpumetrics.events import EventProducer, EventSettings, GpuEvent
+from gpumetrics.identity.attrs import from_key_values
 from gpumetrics.metrics import names
 from opentelemetry.proto.logs.v1 import logs_pb2
 
@@ -62,11 +63,7 @@ def records(sink: Sink) -> list[logs_pb2.LogRecord]:
 
 
 def rattrs(record: logs_pb2.LogRecord) -> dict[str, Any]:
-    out = {}
-    for kv in record.attributes:
-        kind = kv.value.WhichOneof("value")
-        out[kv.key] = getattr(kv.value, kind) if kind else None
-    return out
+    return dict(from_key_values(record.attributes))
 
 
 def two_gpus(**top: Any) -> dict[str, Any]:

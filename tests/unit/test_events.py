@@ -11,6 +11,7 @@ from gpumetrics.events import EventProducer, EventSettings, GpuEvent, Severity, 
 from gpumetrics.events.docs import BEGIN, END, render_event_tables, replace_generated
 from gpumetrics.events.render import XID_CATALOG_URL, render_event
 from gpumetrics.events.storm import Admission, StormLimiter
+from gpumetrics.identity.attrs import from_key_values
 from gpumetrics.metrics import names
 from gpumetrics.metrics.spec import catalogue
 from gpumetrics.selftelemetry import Telemetry
@@ -28,11 +29,7 @@ def event(type_: str = "xid", data: int = 48, at: int = T0, device: str = "GPU-1
 
 
 def attrs(record: logs_pb2.LogRecord) -> dict[str, Any]:
-    out = {}
-    for kv in record.attributes:
-        kind = kv.value.WhichOneof("value")
-        out[kv.key] = getattr(kv.value, kind) if kind else None
-    return out
+    return dict(from_key_values(record.attributes))
 
 
 def rendered(e: GpuEvent) -> logs_pb2.LogRecord:

@@ -188,6 +188,30 @@ func TestLogsRetryUnavailableWithinTheScrape(t *testing.T) {
 	assert.Equal(t, []string{"e1"}, next.batches())
 }
 
+// bothSignals is the receiver of one *Config in a metrics and a logs pipeline, each driven by
+// its own ticker channel.
+type bothSignals struct {
+	mr                    receiver.Metrics
+	lr                    receiver.Logs
+	metricsTick, logsTick chan time.Time
+	metricsNext           *scriptedConsumer
+	logsNext              *consumertest.LogsSink
+}
+
+func newBothSignals(t *testing.T, env *testEnv, cfg *Config) bothSignals {
+	t.Helper()
+	b := bothSignals{
+		metricsTick: make(chan time.Time), logsTick: make(chan time.Time),
+		metricsNext: newScriptedConsumer(), logsNext: new(consumertest.LogsSink),
+	}
+	var err error
+	b.mr, err = newMetricsReceiver(env.set, cfg, b.metricsNext, scraperhelper.WithTickerChannel(b.metricsTick))
+	require.NoError(t, err)
+	b.lr, err = newLogsReceiver(env.set, cfg, b.logsNext, scraperhelper.WithTickerChannel(b.logsTick))
+	require.NoError(t, err)
+	return b
+}
+
 // TestLogsAndMetricsShareOneSidecar: the receiver in a metrics and a logs pipeline is two
 // receivers of one *Config; they use one connection, the first Start connects, and the
 // connection outlives the first Shutdown.
@@ -197,14 +221,9 @@ func TestLogsAndMetricsShareOneSidecar(t *testing.T) {
 	logs.AppendLogs(fakesidecar.Event("e1", 1))
 	cfg := remoteConfig(serveBoth(t, fake, logs))
 	env := newTestEnv(t)
-	metricsTick, logsTick := make(chan time.Time), make(chan time.Time)
-	metricsNext, logsNext := newScriptedConsumer(), new(consumertest.LogsSink)
-	mr, err := newMetricsReceiver(env.set, cfg, metricsNext, scraperhelper.WithTickerChannel(metricsTick))
-	require.NoError(t, err)
-	lr, err := newLogsReceiver(env.set, cfg, logsNext, scraperhelper.WithTickerChannel(logsTick))
-	require.NoError(t, err)
-	shared := mr.(*metricsReceiver).scraper
-	assert.Same(t, shared, lr.(*logsReceiver).scraper.s, "one pullScraper per *Config")
+	b := newBothSignals(t, env, cfg)
+	shared := b.mr.(*metricsReceiver).scraper
+	assert.Same(t, shared, b.lr.(*logsReceiver).scraper.s, "one pullScraper per *Config")
 
 	connects := 0
 	connect := shared.connect
@@ -213,15 +232,15 @@ func TestLogsAndMetricsShareOneSidecar(t *testing.T) {
 		return connect(ctx)
 	}
 	host := componenttest.NewNopHost()
-	require.NoError(t, mr.Start(context.Background(), host))
-	require.NoError(t, lr.Start(context.Background(), host))
+	require.NoError(t, b.mr.Start(context.Background(), host))
+	require.NoError(t, b.lr.Start(context.Background(), host))
 	assert.Equal(t, 1, connects)
 
-	require.NoError(t, mr.Shutdown(context.Background()))
-	logsTick <- time.Now()
-	require.Eventually(t, func() bool { return logsNext.LogRecordCount() == 1 }, 30*time.Second, 10*time.Millisecond,
+	require.NoError(t, b.mr.Shutdown(context.Background()))
+	b.logsTick <- time.Now()
+	require.Eventually(t, func() bool { return b.logsNext.LogRecordCount() == 1 }, 30*time.Second, 10*time.Millisecond,
 		"the logs receiver still pulls after the metrics receiver shut down")
-	require.NoError(t, lr.Shutdown(context.Background()))
+	require.NoError(t, b.lr.Shutdown(context.Background()))
 	shared.mu.Lock()
 	assert.Nil(t, shared.conn, "the last Shutdown closes the connection")
 	shared.mu.Unlock()
@@ -267,25 +286,20 @@ func TestFactoryCreatesLogsReceivers(t *testing.T) {
 func TestLogsAndMetricsFromOneSubprocess(t *testing.T) {
 	cfg := subprocessConfig(t)
 	env := newTestEnv(t)
-	metricsTick, logsTick := make(chan time.Time), make(chan time.Time)
-	metricsNext, logsNext := newScriptedConsumer(), new(consumertest.LogsSink)
-	mr, err := newMetricsReceiver(env.set, cfg, metricsNext, scraperhelper.WithTickerChannel(metricsTick))
-	require.NoError(t, err)
-	lr, err := newLogsReceiver(env.set, cfg, logsNext, scraperhelper.WithTickerChannel(logsTick))
-	require.NoError(t, err)
+	b := newBothSignals(t, env, cfg)
 	host := componenttest.NewNopHost()
-	require.NoError(t, mr.Start(context.Background(), host))
-	require.NoError(t, lr.Start(context.Background(), host))
-	metricsTick <- time.Now()
-	metricsNext.waitCall(t)
-	logsTick <- time.Now()
-	require.Eventually(t, func() bool { return logsNext.LogRecordCount() == 2 }, 30*time.Second, 10*time.Millisecond)
-	require.NoError(t, lr.Shutdown(context.Background()))
-	require.NoError(t, mr.Shutdown(context.Background()))
+	require.NoError(t, b.mr.Start(context.Background(), host))
+	require.NoError(t, b.lr.Start(context.Background(), host))
+	b.metricsTick <- time.Now()
+	b.metricsNext.waitCall(t)
+	b.logsTick <- time.Now()
+	require.Eventually(t, func() bool { return b.logsNext.LogRecordCount() == 2 }, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, b.lr.Shutdown(context.Background()))
+	require.NoError(t, b.mr.Shutdown(context.Background()))
 
-	pids := metricsNext.pluginPids()
+	pids := b.metricsNext.pluginPids()
 	require.NotEmpty(t, pids)
-	logPid, _ := logsNext.AllLogs()[0].ResourceLogs().At(0).Resource().Attributes().Get("process.pid")
+	logPid, _ := b.logsNext.AllLogs()[0].ResourceLogs().At(0).Resource().Attributes().Get("process.pid")
 	assert.Equal(t, pids[0], logPid.Int(), "the logs came from the same plugin process")
 	assert.Equal(t, 1, env.logs.FilterMessageSnippet("Started the gpumetrics sidecar").Len(), "one subprocess")
 	assert.ErrorIs(t, unix.Kill(int(pids[0]), 0), unix.ESRCH, "the last Shutdown stopped the plugin")
