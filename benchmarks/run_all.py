@@ -40,6 +40,8 @@ BENCHMARKS: tuple[tuple[str, str, list[str], list[str], int], ...] = (
     ("identity", "benchmarks.identity_bench", [],
      ["--processes", "20000", "--seconds", "0.5"], 600),
     ("memory", "benchmarks.memory_bench", [], [], 600),
+    ("events", "benchmarks.events_bench", [],
+     ["--storm", "2000", "--records", "500", "--idle-s", "2"], 300),
     ("peer", "benchmarks.peer_bench", ["--repeat", "3"],
      ["--repeat", "1", "--warmup", "5", "--window", "20", "--profile-s", "10"], 1200),
 )  # fmt: skip

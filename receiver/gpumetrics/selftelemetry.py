@@ -58,6 +58,40 @@ NO_TELEMETRY = NoTelemetry()
 """The shared no-op instance (stateless, so sharing it is safe)."""
 
 
+class WithAttributes:
+    """A :class:`SelfTelemetry` that adds fixed attributes to every series it records.
+
+    The log store of GPU events is a second ``BatchStore`` reporting under the same names as
+    the metric store; wrapped with ``{"signal": "logs"}`` its series stay apart.
+
+    Args:
+        inner: where the series go.
+        attributes: added to every series (a series' own attributes win on a clash).
+
+    """
+
+    def __init__(self, inner: SelfTelemetry, attributes: Mapping[str, Any]) -> None:
+        self._inner = inner
+        self._extra = dict(attributes)
+
+    def add(self, name: str, value: int | float = 1, attributes: Attrs = None) -> None:
+        """Increase counter ``name`` for the series with the fixed attributes added."""
+        self._inner.add(name, value, {**self._extra, **(attributes or {})})
+
+    def set(self, name: str, value: int | float, attributes: Attrs = None) -> None:
+        """Set gauge ``name`` for the series with the fixed attributes added."""
+        self._inner.set(name, value, {**self._extra, **(attributes or {})})
+
+    def replace(self, name: str, series: Mapping[tuple[tuple[str, str], ...], int | float]) -> None:
+        """Set each given series (fixed attributes added); series of ``name`` without them stay.
+
+        Unlike :meth:`Telemetry.replace`, series no longer present are not removed: the wrapped
+        sink's other series of ``name`` belong to someone else.
+        """
+        for attrs, value in series.items():
+            self.set(name, value, dict(attrs))
+
+
 class Telemetry:
     """Thread-safe in-memory self-telemetry.
 

@@ -48,6 +48,7 @@ def placeholders(tmp: Path) -> dict[str, str]:
         "OTLP_HTTP_ENDPOINT": "127.0.0.1:4318",
         "DOWNSTREAM_ENDPOINT": "127.0.0.1:4317",
         "E2E_STORAGE_DIR": str(tmp / "queue"),
+        "E2E_EVENTS_OUTPUT": str(tmp / "events.jsonl"),
     }
 
 
@@ -124,7 +125,7 @@ def assert_pipelines_consistent(path: Path, config: dict[str, Any]) -> None:
     assert not unknown, f"{path.name}: unknown top-level keys {unknown}"
     service = config["service"]
     for name, pipeline in service["pipelines"].items():
-        assert name.split("/")[0] in ("metrics", "profiles"), f"{path.name}: pipeline {name}"
+        assert name.split("/")[0] in ("metrics", "profiles", "logs"), f"{path.name}: pipeline {name}"
         for section in ("receivers", "processors", "exporters"):
             for component in pipeline.get(section, []):
                 assert component in config.get(section, {}), (
@@ -161,10 +162,13 @@ def test_e2e_configs_give_what_the_tests_read(path: Path) -> None:
     assert "file" in exporters or "otlp_grpc" in exporters, f"{path.name}: nothing to read back"
     if "otlp_grpc" in exporters:  # forwards to a Collector the test runs (test_persistent_queue)
         assert exporters["otlp_grpc"]["sending_queue"]["storage"] in config["extensions"]
-    else:
-        file_exporter = exporters["file"]
+    files = [name for name in ("file", "file/events") if name in exporters]
+    for name in files:
+        file_exporter = exporters[name]
         assert file_exporter.get("format", "json") == "json"
         assert "compression" not in file_exporter  # compressed records are length-prefixed
+    if "logs" in config["service"]["pipelines"]:  # the GPU events (test_events)
+        assert config["service"]["pipelines"]["logs"]["exporters"] == ["file/events"]
     assert config["service"]["telemetry"]["metrics"]["level"] == "none"
     assert config["service"]["telemetry"]["logs"]["encoding"] == "json"
     assert config["service"]["telemetry"]["logs"]["level"] == "debug"  # go-plugin's messages

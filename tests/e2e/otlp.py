@@ -12,8 +12,11 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from google.protobuf import json_format
+from google.protobuf.message import Message
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
@@ -26,6 +29,18 @@ Attrs = tuple[tuple[str, Hashable], ...]
 def read_requests(path: Path) -> list[ExportMetricsServiceRequest]:
     """Every complete line of ``path`` parsed as an ExportMetricsServiceRequest (a last line
     still being written, without its newline, is left for the next read). Missing file: []."""
+    return _read(path, ExportMetricsServiceRequest)
+
+
+def read_log_requests(path: Path) -> list[ExportLogsServiceRequest]:
+    """Every complete line of ``path`` (the logs pipeline's file) as an ExportLogsServiceRequest."""
+    return _read(path, ExportLogsServiceRequest)
+
+
+M = TypeVar("M", bound=Message)
+
+
+def _read(path: Path, message: type[M]) -> list[M]:
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -35,7 +50,7 @@ def read_requests(path: Path) -> list[ExportMetricsServiceRequest]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        request = ExportMetricsServiceRequest()
+        request = message()
         try:
             json_format.Parse(line, request)
         except json_format.ParseError as e:
@@ -138,3 +153,44 @@ def process_resources(requests: Iterable[ExportMetricsServiceRequest]) -> list[d
             if "process.pid" in raw:
                 found.append(raw)
     return found
+
+
+@dataclass(frozen=True)
+class FlatRecord:
+    """One log record with its resource and scope (attributes as a dict of plain values)."""
+
+    resource: dict[str, Hashable]
+    scope: str
+    event_name: str
+    severity_text: str
+    severity_number: int
+    body: str
+    attributes: dict[str, Hashable]
+    time_unix_nano: int
+    observed_time_unix_nano: int
+    request: int
+
+
+def flatten_logs(requests: Iterable[ExportLogsServiceRequest]) -> list[FlatRecord]:
+    """Every log record of every request, in order."""
+    records = []
+    for index, request in enumerate(requests):
+        for rl in request.resource_logs:
+            resource = dict(attrs(rl.resource.attributes))
+            for sl in rl.scope_logs:
+                for r in sl.log_records:
+                    records.append(
+                        FlatRecord(
+                            resource,
+                            sl.scope.name,
+                            r.event_name,
+                            r.severity_text,
+                            r.severity_number,
+                            r.body.string_value,
+                            dict(attrs(r.attributes)),
+                            r.time_unix_nano,
+                            r.observed_time_unix_nano,
+                            index,
+                        )
+                    )
+    return records

@@ -39,7 +39,13 @@ def test_remote_mode_with_sidecar_restart(otelcol: Path, tmp_path: Path, gpu_pro
     output = tmp_path / "metrics.jsonl"
     address = f"unix:{tmp_path / 'gm.sock'}"
     serve = sidecar_argv(scenario, address, checks.NODE_NAME, checks.INCLUDE_ENV_VARS)
-    env = clean_environ({"SIDECAR_ENDPOINT": address, "E2E_OUTPUT": str(output)})
+    env = clean_environ(
+        {
+            "SIDECAR_ENDPOINT": address,
+            "E2E_OUTPUT": str(output),
+            "E2E_EVENTS_OUTPUT": str(tmp_path / "events.jsonl"),
+        }
+    )
 
     def declared_exports_since(first_request: int) -> int:
         return checks.count_declared_requests(read_requests(output)[first_request:], declared.pid)

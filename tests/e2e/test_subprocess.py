@@ -46,6 +46,7 @@ def test_subprocess_mode(otelcol: Path, tmp_path: Path, gpu_processes) -> None:
             "SIDECAR_SIMULATE": str(scenario),
             "SIDECAR_PROFILER_SOCKET": str(profiler_socket),
             "E2E_OUTPUT": str(output),
+            "E2E_EVENTS_OUTPUT": str(tmp_path / "events.jsonl"),
         }
     )
     with procs() as started:

@@ -166,21 +166,26 @@ func (a *ackingConsumer) ConsumeMetrics(ctx context.Context, md pmetric.Metrics)
 	if md.ResourceMetrics().Len() > 0 {
 		err = a.next.ConsumeMetrics(ctx, md)
 	}
+	settle(a.scraper.logger, &a.scraper.cursor, d, err, "data_points")
+	return err
+}
+
+// settle applies the pipeline's verdict err on the scrape's delivery d (nil: nothing pulled)
+// and logs it; items names the counted field in the log ("data_points", "log_records").
+func settle(logger *zap.Logger, cur *cursor, d *delivery, err error, items string) {
 	if d == nil {
-		return err
+		return
 	}
-	acked := a.scraper.cursor.settle(d, err)
-	logger := a.scraper.logger
+	acked := cur.settle(d, err)
 	switch {
 	case err == nil:
 		logger.Debug("Pipeline accepted the pulled batches", zap.String("epoch", d.epoch),
-			zap.Uint64("last_sequence", d.lastSequence), zap.Int64("data_points", d.points))
+			zap.Uint64("last_sequence", d.lastSequence), zap.Int64(items, d.points))
 	case acked:
 		logger.Warn("Pipeline permanently rejected the pulled batches; acknowledged so the sidecar does not re-deliver them",
-			zap.Uint64("last_sequence", d.lastSequence), zap.Int64("data_points", d.points), zap.Error(err))
+			zap.Uint64("last_sequence", d.lastSequence), zap.Int64(items, d.points), zap.Error(err))
 	default:
 		logger.Warn("Pipeline refused the pulled batches; not acknowledged, the sidecar will re-deliver them",
-			zap.Uint64("last_sequence", d.lastSequence), zap.Int64("data_points", d.points), zap.Error(err))
+			zap.Uint64("last_sequence", d.lastSequence), zap.Int64(items, d.points), zap.Error(err))
 	}
-	return err
 }

@@ -1,7 +1,8 @@
-// Package gpumetricsreceiver is an OpenTelemetry Collector metrics receiver (type `gpumetrics`) that
-// pulls OTLP metrics from the gpumetrics sidecar over gpumetrics.v1.MetricsPullService, started as
-// a go-plugin subprocess or reached at its address, and acknowledges each batch only after the
-// pipeline accepted it. See docs/collector.md.
+// Package gpumetricsreceiver is an OpenTelemetry Collector receiver (type `gpumetrics`) that pulls
+// OTLP metrics from the gpumetrics sidecar over gpumetrics.v1.MetricsPullService and, in a logs
+// pipeline, its GPU events as OTLP logs over gpumetrics.v1.LogsPullService; the sidecar is started
+// as a go-plugin subprocess or reached at its address (one sidecar for both signals), and each
+// batch is acknowledged only after its pipeline accepted it. See docs/collector.md.
 package gpumetricsreceiver
 
 import (
@@ -11,6 +12,7 @@ import (
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/config/configtls"
 	"go.opentelemetry.io/collector/consumer"
+	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/scraper"
 	"go.opentelemetry.io/collector/scraper/scraperhelper"
@@ -28,6 +30,7 @@ func NewFactory() receiver.Factory {
 		metadata.Type,
 		createDefaultConfig,
 		receiver.WithMetrics(createMetrics, metadata.MetricsStability),
+		receiver.WithLogs(createLogs, metadata.LogsStability),
 	)
 }
 
@@ -56,16 +59,28 @@ func createMetrics(_ context.Context, set receiver.Settings, cfg component.Confi
 	return newMetricsReceiver(set, c, next)
 }
 
+func createLogs(_ context.Context, set receiver.Settings, cfg component.Config, next consumer.Logs) (receiver.Logs, error) {
+	c, ok := cfg.(*Config)
+	if !ok {
+		return nil, errConfigType
+	}
+	return newLogsReceiver(set, c, next)
+}
+
 // newMetricsReceiver builds the scraper and the standard scraper controller around it. The
 // controller is given an acknowledging consumer (see ackingConsumer) in front of next, so a batch
-// is acknowledged to the sidecar only once next accepted it. options are passed to the controller
-// after these (tests drive scrapes with their own scraperhelper.WithTickerChannel).
+// is acknowledged to the sidecar only once next accepted it. The scraper is shared with a logs
+// receiver of the same configuration (shared.go). options are passed to the controller after
+// these (tests drive scrapes with their own scraperhelper.WithTickerChannel).
 func newMetricsReceiver(set receiver.Settings, cfg *Config, next consumer.Metrics, options ...scraperhelper.ControllerOption) (receiver.Metrics, error) {
-	s, err := newPullScraper(set, cfg)
+	l, err := acquireScraper(set, cfg)
 	if err != nil {
 		return nil, err
 	}
-	sc, err := scraper.NewMetrics(s.scrape, scraper.WithStart(s.start), scraper.WithShutdown(s.shutdown))
+	s := l.shared.s
+	finalAck := func(ctx context.Context) { s.finalAckNow(ctx, &s.cursor, metricsSignal(pmetric.NewMetrics())) }
+	sc, err := scraper.NewMetrics(s.scrape, scraper.WithStart(l.start),
+		scraper.WithShutdown(func(ctx context.Context) error { return l.shutdown(ctx, finalAck) }))
 	if err != nil {
 		return nil, err
 	}

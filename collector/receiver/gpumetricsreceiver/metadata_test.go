@@ -16,17 +16,18 @@ func TestMetadataMatchesYAML(t *testing.T) {
 	cm, err := confmaptest.LoadConf("metadata.yaml")
 	require.NoError(t, err)
 	assert.Equal(t, metadata.Type.String(), cm.Get("type"))
-	assert.Equal(t, []any{"metrics"}, cm.Get("status::stability::development"))
+	assert.Equal(t, []any{"metrics", "logs"}, cm.Get("status::stability::development"))
 
 	env := newTestEnv(t)
 	tb, err := metadata.NewTelemetryBuilder(env.set.TelemetrySettings)
 	require.NoError(t, err)
 	tb.GpumetricsSidecarDroppedDataPoints.Add(context.Background(), 1)
 	tb.GpumetricsSidecarRestarts.Add(context.Background(), 1)
+	tb.GpumetricsSidecarDroppedLogRecords.Add(context.Background(), 1)
 
 	telemetry, ok := cm.Get("telemetry::metrics").(map[string]any)
 	require.True(t, ok)
-	require.Len(t, telemetry, 2)
+	require.Len(t, telemetry, 3)
 	for name, raw := range telemetry {
 		spec := raw.(map[string]any)
 		m, err := env.telemetry.GetMetric("otelcol_" + name)

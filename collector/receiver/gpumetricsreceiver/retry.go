@@ -126,14 +126,14 @@ func (b *retryBudget) wrap(err error, now time.Time) error {
 // (dropIfLost): a subprocess that exited or stopped answering is dropped, not retried, and the
 // next scrape starts a new one. It returns the last Pull's error; the first retry of a scrape is
 // logged at DEBUG, as a sidecar that is starting is expected, not a fault.
-func (s *pullScraper) pullRetrying(ctx context.Context, conn sidecar.Conn, req *gpumetricsv1.PullRequest, budget *retryBudget) (*gpumetricsv1.PullResponse, error) {
+func (s *pullScraper) pullRetrying(ctx, stopped context.Context, conn sidecar.Conn, req *gpumetricsv1.PullRequest, budget *retryBudget, sig signal) (*pullAnswer, error) {
 	delay := s.retry.initialDelay
 	for {
-		resp, err := conn.Pull(ctx, req)
+		resp, err := sig.pull(ctx, conn, req)
 		if err == nil {
 			return resp, nil
 		}
-		if s.dropIfLost(conn) || status.Code(err) != codes.Unavailable {
+		if s.dropIfLost(stopped, conn) || status.Code(err) != codes.Unavailable {
 			return nil, err
 		}
 		wait, ok := s.retry.next(budget, delay)

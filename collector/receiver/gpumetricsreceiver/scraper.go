@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/collector/component"
+	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
 	"go.opentelemetry.io/collector/receiver"
@@ -56,6 +57,8 @@ type pullScraper struct {
 	// unreachable counts the scrapes in a row that found nothing listening at the endpoint
 	// (remote mode); the first is logged at WARN, the rest at DEBUG (noteReachability).
 	unreachable int
+	// logs is the logs signal's state when a logs receiver shares this scraper (logs.go).
+	logs *logsPull
 }
 
 func newPullScraper(set receiver.Settings, cfg *Config) (*pullScraper, error) {
@@ -121,37 +124,57 @@ func (s *pullScraper) start(ctx context.Context, _ component.Host) error {
 	return nil
 }
 
-// shutdown sends a pending acknowledgement (remote mode: the sidecar outlives us) and closes the
-// connection, which stops a subprocess sidecar. It is safe without start.
+// shutdown sends pending acknowledgements (remote mode: the sidecar outlives us) of the metrics
+// and, when a logs receiver shares this scraper, the logs signal, then closes the connection,
+// which stops a subprocess sidecar. It is safe without start.
 func (s *pullScraper) shutdown(ctx context.Context) error {
 	s.stopScrape()
 	s.mu.Lock()
 	conn := s.conn
 	s.conn = nil
+	logs := s.logs
 	s.mu.Unlock()
 	if conn == nil {
 		return nil
 	}
-	if !s.cfg.subprocessMode() && s.cursor.hasUnsentAck() {
-		s.sendFinalAck(ctx, conn)
+	s.finalAck(ctx, conn, &s.cursor, metricsSignal(pmetric.NewMetrics()))
+	if logs != nil {
+		logs.stopScrape()
+		s.finalAck(ctx, conn, &logs.cursor, logs.signal(plog.NewLogs(), s))
 	}
 	return conn.Close(ctx)
 }
 
-func (s *pullScraper) sendFinalAck(ctx context.Context, conn sidecar.Conn) {
+// finalAckNow is finalAck on the current connection, when there is one.
+func (s *pullScraper) finalAckNow(ctx context.Context, cur *cursor, sig signal) {
+	s.mu.Lock()
+	conn := s.conn
+	s.mu.Unlock()
+	if conn != nil {
+		s.finalAck(ctx, conn, cur, sig)
+	}
+}
+
+// finalAck sends cur's unsent acknowledgement in an ack_only Pull (remote mode only: a
+// subprocess sidecar stops with us and forgets its store).
+func (s *pullScraper) finalAck(ctx context.Context, conn sidecar.Conn, cur *cursor, sig signal) {
+	if s.cfg.subprocessMode() || !cur.hasUnsentAck() {
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, finalAckTimeout)
 	defer cancel()
 	ctx, err := s.withToken(ctx)
 	if err == nil {
-		req := s.cursor.request(s.consumer, 0, 0, 0, true)
-		var resp *gpumetricsv1.PullResponse
-		if resp, err = conn.Pull(ctx, req); err == nil {
-			s.cursor.delivered(req)
-			s.reportDrops(ctx, resp)
+		req := cur.request(s.consumer, 0, 0, 0, true)
+		var resp *pullAnswer
+		if resp, err = sig.pull(ctx, conn, req); err == nil {
+			cur.delivered(req)
+			s.reportDrops(ctx, resp, sig)
 			return
 		}
 	}
-	s.logger.Info("Could not send the final acknowledgement; the sidecar will re-deliver the last batches", zap.Error(err))
+	s.logger.Info("Could not send the final acknowledgement; the sidecar will re-deliver the last batches",
+		zap.String("signal", sig.name), zap.Error(err))
 }
 
 // token returns the bearer token ("" when none is configured), reading token_file afresh.
@@ -186,9 +209,10 @@ func (s *pullScraper) connection(ctx context.Context) (sidecar.Conn, error) {
 
 // dropIfLost closes conn after a failed Pull when it cannot recover by itself (a subprocess that
 // exited or stopped answering), so the next scrape starts a new one, and reports whether it did.
-// The check gets its own deadline: the scrape's may be spent by the Pull that failed.
-func (s *pullScraper) dropIfLost(conn sidecar.Conn) bool {
-	ctx, cancel := context.WithTimeout(s.stopped, lostCheckTimeout)
+// The check gets its own deadline: the scrape's may be spent by the Pull that failed; stopped is
+// the pulling signal's shutdown.
+func (s *pullScraper) dropIfLost(stopped context.Context, conn sidecar.Conn) bool {
+	ctx, cancel := context.WithTimeout(stopped, lostCheckTimeout)
 	defer cancel()
 	if !conn.Lost(ctx) {
 		return false
@@ -215,17 +239,83 @@ func (s *pullScraper) dropIfLost(conn sidecar.Conn) bool {
 // error, so the data already pulled still reaches the pipeline.
 func (s *pullScraper) scrape(ctx context.Context) (pmetric.Metrics, error) {
 	md := pmetric.NewMetrics()
+	err := s.pullBacklog(ctx, s.stopped, &s.cursor, metricsSignal(md))
+	return md, err
+}
+
+// pullAnswer is one Pull's answer, whatever the signal (PullResponse or PullLogsResponse).
+type pullAnswer struct {
+	epoch                 string
+	first, last           uint64
+	more                  bool
+	items                 uint64 // data points or log records in payload
+	payload               []byte // a serialized ExportMetricsServiceRequest or ExportLogsServiceRequest
+	dropped, droppedTotal uint64
+	reasons               []string
+}
+
+// signal is what differs between pulling metrics and pulling logs: the RPC, the decoding into
+// the scrape's data, and what the items are called.
+type signal struct {
+	// name is "metrics" or "logs", for log messages.
+	name string
+	// items names what the store counts ("data points", "log records"); key is the same as a
+	// log field ("data_points", "log_records").
+	items, key string
+	// pull sends req (as the signal's request type) on conn.
+	pull func(ctx context.Context, conn sidecar.Conn, req *gpumetricsv1.PullRequest) (*pullAnswer, error)
+	// decode moves the payload's resources into the scrape's data.
+	decode func(payload []byte) error
+	// count returns the items handed to the pipeline so far.
+	count func() int64
+	// dropped counts items the sidecar dropped before this receiver acknowledged them (nil:
+	// the data-point counter).
+	dropped func(ctx context.Context, n int64)
+	// restarted is logged when the store's epoch changes; the metric store's epoch changes
+	// count as sidecar restarts (otelcol_gpumetrics_sidecar_restarts), the log store's do not
+	// (one restart changes both).
+	restarted     string
+	countRestarts bool
+}
+
+// metricsSignal pulls MetricsPullService/Pull into md.
+func metricsSignal(md pmetric.Metrics) signal {
+	return signal{
+		name:          "metrics",
+		items:         "data points",
+		key:           "data_points",
+		restarted:     "The gpumetrics sidecar restarted (new store epoch); acknowledgement cursor reset",
+		countRestarts: true,
+		pull: func(ctx context.Context, conn sidecar.Conn, req *gpumetricsv1.PullRequest) (*pullAnswer, error) {
+			r, err := conn.Pull(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			return &pullAnswer{
+				epoch: r.GetEpoch(), first: r.GetFirstSequence(), last: r.GetLastSequence(),
+				more: r.GetMore(), items: r.GetDataPoints(), payload: r.GetExportMetricsServiceRequest(),
+				dropped: r.GetDroppedDataPoints(), droppedTotal: r.GetDroppedDataPointsTotal(),
+				reasons: r.GetDropReasons(),
+			}, nil
+		},
+		decode: func(b []byte) error { return appendOTLP(md, b) },
+		count:  func() int64 { return int64(md.DataPointCount()) },
+	}
+}
+
+// pullBacklog is the scrape loop of both signals (see scrape). stopped ends it at shutdown.
+func (s *pullScraper) pullBacklog(ctx, stopped context.Context, cur *cursor, sig signal) error {
 	budget := s.retry.newBudget(ctx, s.cfg.Timeout)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	defer context.AfterFunc(s.stopped, cancel)()
+	defer context.AfterFunc(stopped, cancel)()
 	ctx, err := s.withToken(ctx)
 	if err != nil {
-		return md, err
+		return err
 	}
 	conn, err := s.connection(ctx)
 	if err != nil {
-		return md, err
+		return err
 	}
 	var (
 		d        *delivery // what this scrape collected so far
@@ -233,38 +323,40 @@ func (s *pullScraper) scrape(ctx context.Context) (pmetric.Metrics, error) {
 		pullErr  error
 		more     bool
 	)
-	readAfter := s.cursor.readStart()
+	readAfter := cur.readStart()
 	for range s.cfg.MaxPullsPerScrape {
-		req := s.cursor.request(s.consumer, readAfter, s.cfg.MaxDataPointsPerPull, s.cfg.MaxBytesPerPull, false)
-		resp, err := s.pullRetrying(ctx, conn, req, budget)
+		req := cur.request(s.consumer, readAfter, s.cfg.MaxDataPointsPerPull, s.cfg.MaxBytesPerPull, false)
+		resp, err := s.pullRetrying(ctx, stopped, conn, req, budget, sig)
 		if err != nil {
 			pullErr = budget.wrap(err, s.retry.now())
 			break
 		}
-		s.cursor.delivered(req)
-		if old, restarted := s.cursor.observeEpoch(resp.GetEpoch()); restarted {
-			s.logger.Info("The gpumetrics sidecar restarted (new store epoch); acknowledgement cursor reset",
-				zap.String("old_epoch", old), zap.String("epoch", resp.GetEpoch()))
-			s.telemetry.GpumetricsSidecarRestarts.Add(ctx, 1)
+		cur.delivered(req)
+		if old, restarted := cur.observeEpoch(resp.epoch); restarted {
+			s.logger.Info(sig.restarted,
+				zap.String("signal", sig.name), zap.String("old_epoch", old), zap.String("epoch", resp.epoch))
+			if sig.countRestarts {
+				s.telemetry.GpumetricsSidecarRestarts.Add(ctx, 1)
+			}
 		}
-		s.reportDrops(ctx, resp)
-		if d != nil && d.epoch != resp.GetEpoch() {
+		s.reportDrops(ctx, resp, sig)
+		if d != nil && d.epoch != resp.epoch {
 			// Restarted between two pulls of this scrape: the older data is still handed on,
 			// but only the new epoch can be acknowledged.
-			d = &delivery{epoch: resp.GetEpoch(), rejected: d.rejected, rejectReason: d.rejectReason}
+			d = &delivery{epoch: resp.epoch, rejected: d.rejected, rejectReason: d.rejectReason}
 		}
-		more = resp.GetMore()
-		if resp.GetLastSequence() == 0 {
+		more = resp.more
+		if resp.last == 0 {
 			break // nothing after the read position
 		}
 		if d == nil {
-			d = &delivery{epoch: resp.GetEpoch()}
+			d = &delivery{epoch: resp.epoch}
 		}
-		d.lastSequence = resp.GetLastSequence()
-		readAfter = resp.GetLastSequence()
-		if err := appendOTLP(md, resp.GetExportMetricsServiceRequest()); err != nil {
-			decodeEs = append(decodeEs, fmt.Errorf("batches %d..%d: %w", resp.GetFirstSequence(), resp.GetLastSequence(), err))
-			d.rejected += int64(resp.GetDataPoints())
+		d.lastSequence = resp.last
+		readAfter = resp.last
+		if err := sig.decode(resp.payload); err != nil {
+			decodeEs = append(decodeEs, fmt.Errorf("batches %d..%d: %w", resp.first, resp.last, err))
+			d.rejected += int64(resp.items) //nolint:gosec // counts are far below 2^63
 		}
 		if !more {
 			break
@@ -273,20 +365,22 @@ func (s *pullScraper) scrape(ctx context.Context) (pmetric.Metrics, error) {
 	s.noteReachability(pullErr)
 	if pullErr == nil && budget.retries > 0 {
 		s.logger.Debug("The gpumetrics sidecar answered after retries within the scrape",
-			zap.Int("retries", budget.retries), zap.Duration("elapsed", s.retry.now().Sub(budget.start)))
+			zap.String("signal", sig.name), zap.Int("retries", budget.retries),
+			zap.Duration("elapsed", s.retry.now().Sub(budget.start)))
 	}
 	if pullErr == nil && more {
 		s.logger.Debug("Backlog left for the next scrape after max_pulls_per_scrape pulls",
-			zap.Int("max_pulls_per_scrape", s.cfg.MaxPullsPerScrape), zap.Uint64("read_up_to", readAfter))
+			zap.String("signal", sig.name), zap.Int("max_pulls_per_scrape", s.cfg.MaxPullsPerScrape),
+			zap.Uint64("read_up_to", readAfter))
 	}
 	if d != nil {
-		d.points = int64(md.DataPointCount())
+		d.points = sig.count()
 		if len(decodeEs) > 0 {
 			d.rejectReason = errors.Join(decodeEs...).Error()
 		}
-		s.cursor.setPending(d)
+		cur.setPending(d)
 	}
-	return md, scrapeError(d, pullErr, decodeEs)
+	return scrapeError(d, pullErr, decodeEs)
 }
 
 // noteReachability logs an unreachable sidecar once per outage: one WARN naming the endpoint, the
@@ -340,16 +434,21 @@ func appendOTLP(md pmetric.Metrics, b []byte) error {
 	return nil
 }
 
-// reportDrops logs and counts the data points the sidecar says this consumer lost.
-func (s *pullScraper) reportDrops(ctx context.Context, resp *gpumetricsv1.PullResponse) {
-	n := resp.GetDroppedDataPoints()
+// reportDrops logs and counts the items the sidecar says this consumer lost.
+func (s *pullScraper) reportDrops(ctx context.Context, resp *pullAnswer, sig signal) {
+	n := resp.dropped
 	if n == 0 {
 		return
 	}
-	s.logger.Warn("The gpumetrics sidecar dropped data points before this receiver acknowledged them",
-		zap.Uint64("dropped_data_points", n),
-		zap.Uint64("dropped_data_points_total", resp.GetDroppedDataPointsTotal()),
-		zap.Strings("reasons", resp.GetDropReasons()),
+	s.logger.Warn("The gpumetrics sidecar dropped "+sig.items+" before this receiver acknowledged them",
+		zap.String("signal", sig.name),
+		zap.Uint64("dropped_"+sig.key, n),
+		zap.Uint64("dropped_"+sig.key+"_total", resp.droppedTotal),
+		zap.Strings("reasons", resp.reasons),
 		zap.String("consumer", s.consumer))
+	if sig.dropped != nil {
+		sig.dropped(ctx, int64(n)) //nolint:gosec // counts are far below 2^63
+		return
+	}
 	s.telemetry.GpumetricsSidecarDroppedDataPoints.Add(ctx, int64(n)) //nolint:gosec // counts are far below 2^63
 }

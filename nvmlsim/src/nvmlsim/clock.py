@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 __all__ = ["Clock", "ManualClock", "WallClock", "DEFAULT_START_UNIX"]
@@ -52,7 +53,8 @@ class ManualClock:
         start_unix: initial time in seconds since the Unix epoch (default 2026-01-01Z).
 
     ``advance(seconds)`` moves time forward (never backwards) and wakes threads blocked in
-    :meth:`wait_until`. It is thread-safe.
+    :meth:`wait_until`, then calls the functions given to :meth:`subscribe` (the driver wakes
+    its waiting event calls so). It is thread-safe.
 
     """
 
@@ -63,6 +65,24 @@ class ManualClock:
             raise ValueError(f"start_unix: must be >= 0, got {start_unix!r}")
         self._now_us = round(start_unix * 1_000_000)
         self._cond = threading.Condition()
+        self._observers: list[Callable[[], None]] = []
+
+    def subscribe(self, observer: Callable[[], None]) -> None:
+        """Call ``observer()`` after every move of the clock (from the thread that moved it)."""
+        with self._cond:
+            self._observers.append(observer)
+
+    def unsubscribe(self, observer: Callable[[], None]) -> None:
+        """Stop calling ``observer`` (no error if it was not subscribed)."""
+        with self._cond:
+            if observer in self._observers:
+                self._observers.remove(observer)
+
+    def _moved(self) -> None:
+        with self._cond:
+            observers = list(self._observers)
+        for observer in observers:
+            observer()
 
     def now_us(self) -> int:
         """Return the current manual time, integer µs since the Unix epoch."""
@@ -75,13 +95,16 @@ class ManualClock:
         with self._cond:
             self._now_us += round(seconds * 1_000_000)
             self._cond.notify_all()
+        self._moved()
 
     def advance_to_us(self, target_us: int) -> None:
         """Move the clock to ``target_us`` (µs since epoch) if that is in the future."""
         with self._cond:
-            if target_us > self._now_us:
-                self._now_us = target_us
-                self._cond.notify_all()
+            if target_us <= self._now_us:
+                return
+            self._now_us = target_us
+            self._cond.notify_all()
+        self._moved()
 
     def sleep(self, seconds: float) -> None:
         """Injected latency on a manual clock: advance virtual time, never block."""

@@ -3,7 +3,8 @@
 Order of checks, as the real library behaves (NVML API reference: initialisation and error
 codes; nvidia-ml-py's ``pynvml.py`` for how each code surfaces):
 
-1. after ``uninstall``: UNINITIALIZED; due scenario events are applied;
+1. after ``uninstall``: UNINITIALIZED; due scenario events are applied and due NVML events
+   delivered to the event sets registered for them;
 2. the call is counted per (symbol, device index);
 3. library state: access revoked (UNKNOWN; ``nvmlShutdown`` still releases the caller's
    reference), upgraded driver (its code), not initialised (UNINITIALIZED) -- except for the
@@ -29,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 from nvmlsim import codes
 from nvmlsim.clock import ManualClock
-from nvmlsim.events import apply_event
 from nvmlsim.symbols.base import Call, Symbol
 from nvmlsim.world import DeviceState, MigState
 
@@ -148,9 +148,7 @@ def _run(drv: SimDriver, sym: Symbol, args: tuple[Any, ...], trace: _Trace) -> i
         if drv.closed:
             return codes.UNINITIALIZED
         now = drv.clock.now_us()
-        if drv.events.next_us is not None and drv.events.next_us <= now:
-            for at, event in drv.events.due(now):
-                apply_event(drv, event, at)
+        drv.apply_due(now)
         target, entry = _resolve(drv, sym, args)
         parent = target.parent if isinstance(target, MigState) else target
         trace.key = (name, parent.index if isinstance(parent, DeviceState) else None)

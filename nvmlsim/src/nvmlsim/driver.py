@@ -18,9 +18,10 @@ from nvmlsim import codes
 from nvmlsim.clock import Clock, ManualClock
 from nvmlsim.driver_profiles import driver_profile
 from nvmlsim.events import EventQueue, apply_event
+from nvmlsim.eventsets import EventSets
 from nvmlsim.faults import FaultEngine, OverrideEngine
 from nvmlsim.model.devices import Process
-from nvmlsim.model.scenario import Event, Scenario
+from nvmlsim.model.scenario import Event, NvmlEvent, Scenario
 from nvmlsim.world import DeviceState, MigState, Timeline, World
 
 __all__ = ["SimDriver", "Violation", "ANY_DEVICE", "LatencyPolicy"]
@@ -98,7 +99,11 @@ class SimDriver:
         self.faults = FaultEngine(scenario.faults, self.timeline)
         self.overrides = OverrideEngine(scenario.overrides, self.timeline)
         self.events = EventQueue(scenario.events, self.timeline)
+        self.event_sets = EventSets(scenario.nvml_events, self.timeline, self.world)
         self.lock = threading.RLock()
+        self.event_wakeup = threading.Condition(self.lock)
+        """Notified when a waiting ``nvmlEventSetWait_v2`` should look again (time moved, an
+        event was emitted, the driver closed)."""
         self.init_count = 0
         self.load_attempts = 0
         self.upgraded_code: int | None = None
@@ -117,6 +122,9 @@ class SimDriver:
         self.driver_ns = 0
         self.wait_ns = 0
         self.uninstaller: Callable[[SimDriver], None] | None = None
+        subscribe = getattr(clock, "subscribe", None)
+        if subscribe is not None:  # a manual clock: wake waiting event calls when time moves
+            subscribe(self._time_moved)
 
     # -- counters, time and violations -----------------------------------------------------
     @property
@@ -194,6 +202,30 @@ class SimDriver:
         clock.advance_to_us(self.timeline.cycle_start_us(target))
         return target
 
+    # -- scheduled changes -----------------------------------------------------------------
+    def apply_due(self, now_us: int) -> None:
+        """Apply the scenario events and deliver the NVML events due by ``now_us`` (under lock)."""
+        changed = False
+        if self.events.next_us is not None and self.events.next_us <= now_us:
+            for at, event in self.events.due(now_us):
+                apply_event(self, event, at)
+            changed = True
+        due = self.event_sets.next_us
+        if due is not None and due <= now_us:
+            self.event_sets.apply_due(now_us)
+            changed = True
+        if changed:  # a waiting event call on another thread may have something to return
+            self.event_wakeup.notify_all()
+
+    def next_due_us(self) -> int | None:
+        """When the next scenario event or NVML event is due (µs since the epoch), or None."""
+        times = [t for t in (self.events.next_us, self.event_sets.next_us) if t is not None]
+        return min(times) if times else None
+
+    def _time_moved(self) -> None:
+        with self.lock:
+            self.event_wakeup.notify_all()
+
     # -- world changes for tests -----------------------------------------------------------
     def _owner(self, device: int | str, mig_slot: int | None) -> DeviceState | MigState:
         dev = self.world.device(device)
@@ -263,6 +295,26 @@ class SimDriver:
         event = Event.model_validate({"at_s": 0, "action": action, **fields})
         with self.lock:
             apply_event(self, event)
+            self.event_wakeup.notify_all()
+
+    def emit_event(self, device: int | str, type: str, data: int = 0, count: int = 1) -> int:
+        """Make ``device`` (index, GPU or MIG UUID) raise NVML event ``type`` now.
+
+        Same fields as ``nvml_events[]`` in a scenario (``type`` by name, ``data`` the
+        ``eventData``, ``count`` identical events). Returns how many event sets it reached (0
+        when none has the device registered for the type, as on hardware).
+
+        Raises:
+            KeyError: no such device. pydantic.ValidationError: bad fields.
+
+        """
+        event = NvmlEvent.model_validate(
+            {"at_s": 0, "device": device, "type": type, "data": data, "count": count}
+        )
+        with self.lock:
+            reached = self.event_sets.deliver(event)
+            self.event_wakeup.notify_all()
+            return reached
 
     def request_reset(self, device: int | str) -> int:
         """Request an external GPU reset / driver unbind (F13).
@@ -314,7 +366,11 @@ class SimDriver:
         """Stop answering (every later call: UNINITIALIZED) and release all hangs."""
         with self.lock:
             self.closed = True
+            self.event_wakeup.notify_all()
         self.hang_event.set()
+        unsubscribe = getattr(self.clock, "unsubscribe", None)
+        if unsubscribe is not None:
+            unsubscribe(self._time_moved)
 
     def __enter__(self) -> SimDriver:
         return self

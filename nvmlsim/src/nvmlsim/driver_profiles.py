@@ -101,6 +101,15 @@ _DETAIL_LIST = {"nvmlDeviceGetRunningProcessDetailList"}
 _EVENT_REASONS = {"nvmlDeviceGetCurrentClocksEventReasons"}
 _PROC_UTIL_INFO = {"nvmlDeviceGetProcessesUtilizationInfo"}
 _TEMP_V = {"nvmlDeviceGetTemperatureV"}
+# Event sets (NVML 2.285); the MIG-aware wait (instance ids in nvmlEventData_t) is ``_v2``,
+# which nvidia-ml-py's nvmlEventSetWait calls, from the R450 branch with MIG.
+_EVENTS = {
+    "nvmlEventSetCreate",
+    "nvmlEventSetFree",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlDeviceRegisterEvents",
+}
+_EVENT_WAIT_V2 = {"nvmlEventSetWait_v2"}
 
 #: Every symbol the simulated library implements.
 ALL_SYMBOLS: frozenset[str] = frozenset(
@@ -119,6 +128,8 @@ ALL_SYMBOLS: frozenset[str] = frozenset(
     | _EVENT_REASONS
     | _PROC_UTIL_INFO
     | _TEMP_V
+    | _EVENTS
+    | _EVENT_WAIT_V2
 )
 
 
@@ -178,8 +189,9 @@ DRIVER_PROFILES: dict[str, DriverProfile] = {
             "440",
             "440.33.01",
             10020,
-            _NEWER_THAN_470 | _MIG | _PROC_V2 | _MPS_V1,
-            "only the unversioned 16-byte process symbols (F02, F04); no MIG, no memory v2",
+            _NEWER_THAN_470 | _MIG | _PROC_V2 | _MPS_V1 | _EVENT_WAIT_V2,
+            "only the unversioned 16-byte process symbols (F02, F04); no MIG, no memory v2, "
+            "no nvmlEventSetWait_v2",
         ),
         _p(
             "470",

@@ -122,6 +122,21 @@ GPUMETRICS_STORE_MAX_DATA_POINTS = "GPUMETRICS_STORE_MAX_DATA_POINTS"
 GPUMETRICS_STORE_MAX_AGE_S = "GPUMETRICS_STORE_MAX_AGE_S"
 """``store.max_age_s``: oldest batch kept, in seconds. Default: ``900``. Example: ``300``."""
 
+GPUMETRICS_EVENTS_ENABLED = "GPUMETRICS_EVENTS_ENABLED"
+"""``events.enabled``: listen for NVML events (Xid, ECC...) and serve them as OTLP logs
+(``true``/``false``). Default: ``true``. Example: ``false``."""
+
+GPUMETRICS_EVENTS_TYPES = "GPUMETRICS_EVENTS_TYPES"
+"""``events.types``: comma-separated NVML event types to register (docs/events.md).
+Default: every type but ``pstate`` and ``clock``. Example: ``xid,double_bit_ecc``."""
+
+GPUMETRICS_EVENTS_STORM_BURST = "GPUMETRICS_EVENTS_STORM_BURST"
+"""``events.storm_burst``: identical events logged per storm window. Default: ``10``.
+Example: ``3``."""
+
+GPUMETRICS_EVENTS_STORM_WINDOW_S = "GPUMETRICS_EVENTS_STORM_WINDOW_S"
+"""``events.storm_window_s``: the storm window in seconds. Default: ``60``. Example: ``300``."""
+
 GPUMETRICS_PUSH_ENDPOINT = "GPUMETRICS_PUSH_ENDPOINT"
 """``push.endpoint``: OTLP/gRPC collector to push to. Default: none (no push).
 Example: ``otel-collector:4317``."""
@@ -207,6 +222,10 @@ ENV_BINDINGS: tuple[EnvBinding, ...] = (
     EnvBinding(GPUMETRICS_STORE_MAX_BYTES, "store.max_bytes"),
     EnvBinding(GPUMETRICS_STORE_MAX_DATA_POINTS, "store.max_data_points"),
     EnvBinding(GPUMETRICS_STORE_MAX_AGE_S, "store.max_age_s"),
+    EnvBinding(GPUMETRICS_EVENTS_ENABLED, "events.enabled"),
+    EnvBinding(GPUMETRICS_EVENTS_TYPES, "events.types", EnvKind.LIST),
+    EnvBinding(GPUMETRICS_EVENTS_STORM_BURST, "events.storm_burst"),
+    EnvBinding(GPUMETRICS_EVENTS_STORM_WINDOW_S, "events.storm_window_s"),
     EnvBinding(GPUMETRICS_PUSH_ENDPOINT, "push.endpoint"),
     EnvBinding(GPUMETRICS_PUSH_INSECURE, "push.insecure"),
     EnvBinding(GPUMETRICS_PUSH_HEADERS, "push.headers", EnvKind.MAP),

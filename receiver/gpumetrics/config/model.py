@@ -5,6 +5,7 @@ Sections and who defines them:
 * ``server``: :class:`gpumetrics.service.server.ServerSettings` (listeners, TLS, tokens, limits);
 * ``store``: :class:`StoreSettings`, mirroring :class:`gpumetrics.store.StoreLimits`;
 * ``collection``: :class:`gpumetrics.nvml.settings.CollectionSettings`;
+* ``events``: :class:`gpumetrics.events.EventSettings` (NVML events as OTLP logs, their store);
 * ``identity``: :class:`IdentitySettings` (procfs root, node, relabel rules, declared-store limits);
 * ``push``: :class:`gpumetrics.service.push.PushSettings`;
 * ``kubernetes``: :class:`gpumetrics.kubernetes.settings.KubernetesSettings` (pod attribution);
@@ -21,6 +22,7 @@ import enum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpumetrics.events import EventSettings
 from gpumetrics.identity.declared import DeclaredStore
 from gpumetrics.identity.modes import IdentityMode, validate_env_var_names
 from gpumetrics.kubernetes.settings import KubernetesSettings
@@ -267,6 +269,7 @@ class SidecarConfig(BaseModel):
     server: ServerSettings = Field(default_factory=lambda: ServerSettings())
     store: StoreSettings = Field(default_factory=lambda: StoreSettings())
     collection: CollectionSettings = Field(default_factory=lambda: CollectionSettings())
+    events: EventSettings = Field(default_factory=lambda: EventSettings())
     identity: IdentitySettings = Field(default_factory=lambda: IdentitySettings())
     push: PushSettings = Field(default_factory=lambda: PushSettings())
     kubernetes: KubernetesSettings = Field(default_factory=lambda: KubernetesSettings())

@@ -34,6 +34,7 @@ MetricGPUK8sAllocation = "nvidia.gpu.k8s.allocation"
 MetricProcessUtilization = "nvidia.gpu.process.utilization"
 MetricProcessMemoryCopyUtilization = "nvidia.gpu.process.memory_copy.utilization"
 MetricProcessMemoryUsage = "nvidia.gpu.process.memory.usage"
+MetricGPUEvents = "nvidia.gpu.events"
 
 # --- attribute keys ---
 AttrHwID = "hw.id"
@@ -62,6 +63,8 @@ AttrK8sShared = "nvidia.gpu.k8s.shared"
 """True on device points of a GPU the kubelet allocated to more than one container."""
 AttrK8sResourceName = "nvidia.gpu.k8s.resource_name"
 """The extended resource a GPU was allocated as (``nvidia.com/gpu``, ``nvidia.com/mig-1g.10gb``)."""
+AttrEventType = "nvidia.gpu.event.type"
+AttrXidCode = "nvidia.gpu.xid.code"
 
 # --- attribute values ---
 HwTypeGPU = "gpu"

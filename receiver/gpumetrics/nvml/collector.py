@@ -7,7 +7,10 @@ Runtime contract (``docs/architecture.md``, "Runtime contracts"):
 - :attr:`Collector.ready` (``threading.Event``) is set after the first complete collection cycle;
 - :meth:`Collector.nvml_up`;
 - :meth:`Collector.stop` stops scheduling, joins the workers, then calls ``nvmlShutdown`` exactly
-  once, and only when no worker can still be inside an NVML call (F22).
+  once, and only when no worker can still be inside an NVML call (F22);
+- :meth:`Collector.attach_events` (optional, before :meth:`start`): listen for NVML events
+  (``nvml/events.py``) on their own thread; the listener follows the session's devices after
+  every cycle, and is stopped (its event set freed) before every ``nvmlShutdown``.
 
 Tests drive cycles explicitly with :meth:`Collector.collect_once`; the threaded scheduler only
 paces those calls. A cycle commits each device's points to the producer only when that device's
@@ -40,12 +43,14 @@ from typing import Any
 
 import pynvml
 
+from gpumetrics.events import EventSettings, EventSink
 from gpumetrics.metrics import names
 from gpumetrics.metrics.producer import Producer
 from gpumetrics.nvml.calls import DeviceCalls, DeviceLost, LibraryDown
 from gpumetrics.nvml.commit import commit, publish_devices, with_instances
 from gpumetrics.nvml.context import Context, Points, Tick, read_pid_max
 from gpumetrics.nvml.device import Device, annotate, discover
+from gpumetrics.nvml.events import EventListener
 from gpumetrics.nvml.library import Session
 from gpumetrics.nvml.query import UNKNOWN_CODE, QueryError
 from gpumetrics.nvml.samples import TimeBase, boot_time_ns
@@ -133,6 +138,8 @@ class Collector:
         self._overrun_logged = False
         self._shut_down = False
         self._down_since_ns: int | None = None
+        self._events: EventListener | None = None
+        self._generation = 0  # counts successful NVML inits (the listener's sessions)
         self.ready = threading.Event()
         """Set after the first complete collection cycle."""
         self.exit_requested = threading.Event()
@@ -183,6 +190,33 @@ class Collector:
         """
         return self._pool.wait_idle(timeout_s)
 
+    def attach_events(self, sink: EventSink, settings: EventSettings) -> None:
+        """Listen for NVML events into ``sink`` (call before :meth:`start`; tests may skip it).
+
+        Nothing happens when ``settings.enabled`` is False. The listener thread starts with the
+        first cycle that has devices.
+        """
+        if settings.enabled and self._events is None:
+            self._events = EventListener(
+                sink, settings, self._telemetry, self._log, clock_ns=self._ctx.clock_ns
+            )
+
+    @property
+    def events(self) -> EventListener | None:
+        """The event listener, when :meth:`attach_events` set one up (for tests, diagnostics)."""
+        return self._events
+
+    def _nvml_quiet(self) -> bool:
+        """Tell whether no worker and no listener call can be in flight (shutdown is safe)."""
+        return not self._pool.busy() and (self._events is None or self._events.idle())
+
+    def _quiesce_events(self, timeout_s: float) -> bool:
+        """Suspend the listener and wait until it freed its set and left NVML; True when so."""
+        if self._events is None:
+            return True
+        self._events.suspend()
+        return self._events.wait_idle(timeout_s)
+
     def start(self) -> None:
         """Start the scheduler thread and return at once (init is retried in the background)."""
         with self._lock:
@@ -227,7 +261,10 @@ class Collector:
         try:
             if self._shut_down:
                 return True
-            clean = self._pool.close(max(0.0, end - time.monotonic()))
+            events_stopped = True
+            if self._events is not None:
+                events_stopped = self._events.stop(max(0.0, end - time.monotonic()))
+            clean = self._pool.close(max(0.0, end - time.monotonic())) and events_stopped
             if not clean or (thread is not None and thread.is_alive()):
                 self._log.error(
                     "NVML calls still in flight after %.1f s; not calling nvmlShutdown", timeout_s
@@ -249,7 +286,11 @@ class Collector:
         if not self._lock.acquire(timeout=timeout_s):
             return False
         try:
-            if self._pool.busy() or not self._pool.close(timeout_s):
+            if (
+                self._pool.busy()
+                or not self._quiesce_events(timeout_s)
+                or not self._pool.close(timeout_s)
+            ):
                 self._log.error("cannot release NVML: a call is still in flight")
                 return False
             self._pool = WorkerPool(self._settings.call_timeout_s)
@@ -294,10 +335,11 @@ class Collector:
         if self._stopped:
             return CycleReport(False, "stopped")
         if not s.up:
-            if not s.ensure(safe=not self._pool.busy()) or not self._discover():
+            if not s.ensure(safe=self._nvml_quiet()) or not self._discover():
                 self._count_init_errors()
                 self._publish_devices()
                 return CycleReport(False, s.reason)
+            self._generation += 1
             self._count_init_errors()
         ctx = self._ctx
         attribution = self._producer.device_attribution
@@ -341,6 +383,8 @@ class Collector:
         self._replace(replaced)
         report.points = self._commit(points, now_ns)
         report.states = {d.uuid: d.health.state.value for d in self._all_devices()}
+        if self._events is not None:
+            self._events.sync(self._devices, self._generation)
         return report
 
     def _nothing_answered(
@@ -446,7 +490,11 @@ class Collector:
         return True
 
     def _library_down(self, err: QueryError) -> CycleReport:
-        self._session.lost(err, safe=not self._pool.busy())
+        if self._events is not None:
+            # The listener frees its set while NVML still answers; its wait in flight ends
+            # within events.wait_timeout_s, so the one nvmlShutdown can follow at once.
+            self._quiesce_events(self._events.longest_call_s)
+        self._session.lost(err, safe=self._nvml_quiet())
         self._forget_devices()
         self._publish_devices()
         return CycleReport(False, self._session.reason)
@@ -471,6 +519,8 @@ class Collector:
         return with_instances(self._devices)
 
     def _commit(self, points: Points, now_ns: int) -> int:
+        if self._events is not None and self._settings.wants(names.MetricGPUEvents):
+            points.host.extend(self._events.counter_points(self._all_devices(), now_ns))
         return commit(self._producer, self._telemetry, self._devices, points, now_ns)
 
     def _publish_devices(self) -> None:

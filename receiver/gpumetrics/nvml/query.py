@@ -68,6 +68,11 @@ _KIND_BY_CODE: dict[int, ErrorKind] = {
     pynvml.NVML_ERROR_TIMEOUT: ErrorKind.TIMEOUT,
 }
 
+GPU_LOST_CODES: frozenset[int] = frozenset(
+    code for code, kind in _KIND_BY_CODE.items() if kind is ErrorKind.GPU_LOST
+)
+"""Codes of kind ``gpu_lost``: the device fell off the bus or needs a reset."""
+
 LIFECYCLE_CODES: frozenset[int] = frozenset(
     {
         pynvml.NVML_ERROR_UNINITIALIZED,

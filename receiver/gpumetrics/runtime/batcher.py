@@ -1,7 +1,8 @@
 """The batcher: turns what the collectors recorded into store batches, on a fixed interval.
 
 Runtime contract (``docs/architecture.md``): every ``interval_s`` the batcher calls
-``producer.collect()`` and appends the result to the :class:`~gpumetrics.store.BatchStore`;
+``producer.collect()`` and appends the result to the :class:`~gpumetrics.store.BatchStore`,
+then runs its companions (the GPU events' ``EventProducer.flush_to(log_store)``);
 health turns SERVING after the first batch that **follows** ``Collector.ready`` (the collector
 had completed a whole cycle before that batch's ``collect``). Until then it checks readiness
 every ``ready_poll_s`` so the first batch does not wait a whole interval.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 __all__ = ["Batcher"]
@@ -40,6 +41,9 @@ class Batcher:
             inject a controllable one so they never sleep.
         ready_poll_s: readiness check period (s) before the first ready batch.
         after_batch: called after every :meth:`run_once` (the NVML liveness gate).
+        companions: more batches made with each one: ``companion(final)`` is called after the
+            metric batch (``final`` is True for the last batch at shutdown); an exception is
+            logged and does not stop the others.
 
     """
 
@@ -53,6 +57,7 @@ class Batcher:
         wait: Callable[[float], bool] | None = None,
         ready_poll_s: float = 0.05,
         after_batch: Callable[[], object] = lambda: None,
+        companions: Sequence[Callable[[bool], object]] = (),
     ) -> None:
         self._producer = producer
         self._store = store
@@ -63,6 +68,7 @@ class Batcher:
         self._wait = wait if wait is not None else self._stop.wait
         self._ready_poll_s = ready_poll_s
         self._after_batch = after_batch
+        self._companions = tuple(companions)
         self._announced = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -74,10 +80,11 @@ class Batcher:
         """True once ``on_ready`` was called."""
         return self._announced
 
-    def run_once(self) -> int | None:
+    def run_once(self, final: bool = False) -> int | None:
         """Collect and append one batch now; return its sequence (None when nothing was recorded).
 
-        Serialised: concurrent calls (the thread and a final batch at shutdown) never interleave.
+        Then run the companions (``final``: this is the last batch, at shutdown). Serialised:
+        concurrent calls (the thread and a final batch at shutdown) never interleave.
         """
         with self._lock:
             was_ready = self._collector_ready.is_set()
@@ -90,6 +97,11 @@ class Batcher:
                 self._announced = True
                 log.debug("first collection stored: ready", extra={"sequence": seq})
                 self._on_ready()
+            for companion in self._companions:
+                try:
+                    companion(final)
+                except Exception:  # noqa: BLE001 - a failed companion never stops metrics
+                    log.exception("companion batch failed")
             self._after_batch()
             return seq
 

@@ -1,5 +1,9 @@
 """The sidecar runtime: builds and wires collector → producer → batcher → store → server (+ push).
 
+GPU events run beside the metrics: the collector's event listener → ``EventProducer`` → the
+batcher (one log batch with each metric batch) → the log store → ``LogsPullService`` (+ push
+with OTLP ``LogsService.Export``), unless ``events.enabled`` is false.
+
 Start order (``docs/architecture.md``, runtime contracts): the simulated driver is installed
 first when asked; then the server starts listening (health ``""`` NOT_SERVING), pod attribution
 starts reading the kubelet (when on, ``docs/kubernetes.md``), the collector starts (NVML init
@@ -23,10 +27,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from gpumetrics.config import ConfigError, SidecarConfig
 from gpumetrics.config.model import batch_cap
+from gpumetrics.events import EventProducer
 from gpumetrics.identity import (
     DeclaredStore,
     IdentityMode,
@@ -46,11 +52,11 @@ from gpumetrics.runtime.simulation import (
     uninstall_simulation,
 )
 from gpumetrics.runtime.summary import NvmlFacts, StartupSummary
-from gpumetrics.selftelemetry import Telemetry
+from gpumetrics.selftelemetry import SelfTelemetry, Telemetry, WithAttributes
 from gpumetrics.service import ListenError, ServerSettings, SidecarHealth, SidecarServer
 from gpumetrics.service.errors import SettingError
-from gpumetrics.service.push import PushExporter
-from gpumetrics.store import BatchStore
+from gpumetrics.service.push import LOGS, METRICS, PushExporter, Signal
+from gpumetrics.store import BatchStore, StoreLimits
 
 __all__ = ["CollectorLike", "Sidecar", "SidecarParts", "default_collector_factory"]
 
@@ -64,6 +70,7 @@ class CollectorLike(Protocol):
     collector asks the process to exit non-zero (NVML library/driver mismatch, F12); and
     ``nvml_down_s() -> float | None`` / ``nvml_reason``: how long NVML has been down, which
     health follows (``runtime.liveness``, F32).
+    ``attach_events(sink, settings)``: the collector listens for NVML events into ``sink``.
     """
 
     ready: threading.Event
@@ -103,6 +110,9 @@ class SidecarParts:
     batcher: Batcher
     push: PushExporter | None
     attribution: PodAttribution | None = None
+    events: EventProducer | None = None
+    logs_store: BatchStore | None = None
+    push_logs: PushExporter | None = None
 
 
 def _simulated_node_config(config: SidecarConfig) -> SidecarConfig:
@@ -229,8 +239,9 @@ class Sidecar:
             read_process_context=ident.read_process_context,
             mode=ident.mode,
         )
+        host_attributes = _host_attributes(config, node, in_k8s)
         producer = Producer(
-            host_attributes=_host_attributes(config, node, in_k8s),
+            host_attributes=host_attributes,
             disabled_metrics=config.collection.disabled_metrics,
             telemetry=telemetry,
             self_telemetry=telemetry,
@@ -245,12 +256,21 @@ class Sidecar:
             telemetry=telemetry,
             max_batch_bytes=batch_cap(server_settings, config.push),
         )
+        events, logs_store = _events(config, host_attributes, telemetry)
         try:
-            server = SidecarServer(server_settings, store, declared, health, telemetry)
+            server = SidecarServer(
+                server_settings, store, declared, health, telemetry, logs_store=logs_store
+            )
         except SettingError as exc:
             raise ConfigError.setting(f"server.{exc.setting}", exc.reason) from None
         collector = collector_factory(producer, config.collection, telemetry)
         liveness = NvmlLiveness(collector, health, config.runtime.unhealthy_after_nvml_down_s)
+        attach = getattr(collector, "attach_events", None)
+        companions = []
+        if events is not None and logs_store is not None:
+            if attach is not None:
+                attach(events, config.events)
+            companions.append(partial(_flush_events, events, logs_store))
         batcher = Batcher(
             producer,
             store,
@@ -258,9 +278,16 @@ class Sidecar:
             collector.ready,
             lambda: self._ready(health, server, collector),
             batch_wait,
+            companions=companions,
             after_batch=liveness.check,
         )
-        push = _push_exporter(store, config, telemetry) if config.push.endpoint else None
+        push = push_logs = None
+        if config.push.endpoint:
+            push = _push_exporter(store, config, telemetry)
+            if logs_store is not None:
+                push_logs = _push_exporter(
+                    logs_store, config, WithAttributes(telemetry, {"signal": "logs"}), LOGS
+                )
         return SidecarParts(
             telemetry,
             health,
@@ -272,6 +299,9 @@ class Sidecar:
             batcher,
             push,
             attribution,
+            events,
+            logs_store,
+            push_logs,
         )
 
     def start(self) -> None:
@@ -291,8 +321,9 @@ class Sidecar:
             p.attribution.start(wait_first_s=self.config.kubernetes.timeout_s)
         p.collector.start()
         p.batcher.start()
-        if p.push is not None:
-            p.push.start()
+        for push in (p.push, p.push_logs):
+            if push is not None:
+                push.start()
         ident = self.config.identity
         log.info(
             "sidecar started",
@@ -389,9 +420,11 @@ class Sidecar:
         if p.attribution is not None:
             p.attribution.stop(min(1.0, left(0.2)))
         try:
-            p.batcher.run_once()
+            p.batcher.run_once(final=True)
         except Exception:  # noqa: BLE001 - the last batch is best effort; keep shutting down
             log.exception("final batch failed")
+        if p.push_logs is not None:
+            p.push_logs.shutdown(flush_timeout_s=left(0.3))
         if p.push is not None:
             p.push.shutdown(flush_timeout_s=left(1.0))
         self._uninstall_simulation()  # after nvmlShutdown
@@ -403,6 +436,32 @@ class Sidecar:
         if self._owns_simulation:
             uninstall_simulation()
             self._owns_simulation = False
+
+
+def _events(
+    config: SidecarConfig, host_attributes: dict[str, Any], telemetry: Telemetry
+) -> tuple[EventProducer | None, BatchStore | None]:
+    """Build the GPU events' producer and log store, or (None, None) when events are disabled.
+
+    The log store has its own size limits (``events.max_*``) and the metric store's consumer
+    limits; its self-telemetry carries ``signal=logs``.
+    """
+    ev = config.events
+    if not ev.enabled:
+        return None, None
+    limits = StoreLimits(
+        max_bytes=ev.max_bytes,
+        max_data_points=ev.max_log_records,
+        max_age_s=ev.max_age_s,
+        consumer_ttl_s=config.store.consumer_ttl_s,
+        max_consumers=config.store.max_consumers,
+    )
+    logs_store = BatchStore(limits, telemetry=WithAttributes(telemetry, {"signal": "logs"}))
+    return EventProducer(ev, host_attributes, telemetry), logs_store
+
+
+def _flush_events(events: EventProducer, store: BatchStore, final: bool) -> None:
+    events.flush_to(store, final)
 
 
 def _relabel_rules(path: str | None, mode: IdentityMode) -> Any:
@@ -422,15 +481,17 @@ def _relabel_rules(path: str | None, mode: IdentityMode) -> Any:
         raise ConfigError.setting("identity.relabel_config", f"{path}: {exc}") from None
 
 
-def _push_exporter(store: BatchStore, config: SidecarConfig, telemetry: Telemetry) -> PushExporter:
-    """Build the push exporter; a certificate file it cannot read is an error naming its setting.
+def _push_exporter(
+    store: BatchStore, config: SidecarConfig, telemetry: SelfTelemetry, signal: Signal = METRICS
+) -> PushExporter:
+    """Build a push exporter of ``signal``; a certificate file it cannot read names its setting.
 
     Raises:
         ConfigError: naming ``push.ca_file``, ``push.cert_file`` or ``push.key_file``.
 
     """
     try:
-        return PushExporter(store, config.push, telemetry=telemetry)
+        return PushExporter(store, config.push, telemetry=telemetry, signal=signal)
     except OSError as exc:
         files = ("ca_file", "cert_file", "key_file")
         setting = next((f for f in files if getattr(config.push, f) == exc.filename), None)

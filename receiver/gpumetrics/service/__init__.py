@@ -1,6 +1,7 @@
 """The sidecar's gRPC services and their server (``docs/protocol.md``, ``docs/security.md``).
 
-One module per service (style item 14): :mod:`.pull` (``MetricsPullService``), :mod:`.profiler`
+One module per service (style item 14): :mod:`.pull` (``MetricsPullService``),
+:mod:`.logs_pull` (``LogsPullService``, GPU events), :mod:`.profiler`
 (``ProfilerIntegrationService``), :mod:`.health`; plus :mod:`.auth` (bearer tokens),
 :mod:`.gate` (the interceptor: tokens, stream slots, malformed requests), :mod:`.tls`,
 :mod:`.settings` (``ServerSettings``) and :mod:`.server` (``SidecarServer``).
@@ -8,8 +9,10 @@ One module per service (style item 14): :mod:`.pull` (``MetricsPullService``), :
 
 from gpumetrics.service.auth import AuthPolicy, TokenAuth, read_token_file
 from gpumetrics.service.health import SidecarHealth
+from gpumetrics.service.logs_pull import LogsPullServicer
 from gpumetrics.service.names import (
     HEALTH_SERVICE,
+    LOGS_PULL_SERVICE,
     OVERALL_HEALTH,
     PROFILER_SERVICE,
     PULL_SERVICE,
@@ -31,6 +34,7 @@ __all__ = [
     "DEFAULT_LISTEN",
     "DEFAULT_PULL_MAX_BYTES",
     "HEALTH_SERVICE",
+    "LOGS_PULL_SERVICE",
     "OVERALL_HEALTH",
     "PROFILER_SERVICE",
     "PULL_SERVICE",
@@ -40,6 +44,7 @@ __all__ = [
     "BoundAddresses",
     "DeclaredStoreAPI",
     "ListenAddress",
+    "LogsPullServicer",
     "ProfilerServicer",
     "PullServicer",
     "ServerSettings",

@@ -5,10 +5,13 @@ from __future__ import annotations
 from grpc_health.v1 import health
 from grpc_reflection.v1alpha import reflection
 
-from gpumetrics.v1 import profiler_pb2, pull_pb2
+from gpumetrics.v1 import logs_pull_pb2, profiler_pb2, pull_pb2
 
 PULL_SERVICE: str = pull_pb2.DESCRIPTOR.services_by_name["MetricsPullService"].full_name
 """``gpumetrics.v1.MetricsPullService``."""
+
+LOGS_PULL_SERVICE: str = logs_pull_pb2.DESCRIPTOR.services_by_name["LogsPullService"].full_name
+"""``gpumetrics.v1.LogsPullService`` (GPU events as OTLP logs)."""
 
 PROFILER_SERVICE: str = profiler_pb2.DESCRIPTOR.services_by_name[
     "ProfilerIntegrationService"

@@ -1,5 +1,8 @@
 """Push mode: export the batch store's content to a collector with OTLP ``MetricsService.Export``.
 
+The same exporter pushes the log store of GPU events with OTLP ``LogsService.Export``
+(``signal=LOGS``): only the stub, the request message and the partial-success field differ.
+
 The exporter is one more consumer of the :class:`~gpumetrics.store.BatchStore` (named ``push``):
 it pulls what the store holds after its cursor, exports it, and acknowledges a batch only after
 the collector accepted it, so a collector outage loses nothing until the store's own limits
@@ -40,10 +43,12 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import grpc
 from google.rpc import error_details_pb2
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -51,12 +56,15 @@ from gpumetrics.logs import LogOnce
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 
 __all__ = [
+    "LOGS",
     "MAX_ATTEMPTS",
+    "METRICS",
     "PUSH_CONSUMER",
     "RETRYABLE_CODES",
     "ExportResult",
     "PushExporter",
     "PushSettings",
+    "Signal",
     "retry_delay_s",
 ]
 
@@ -96,6 +104,45 @@ CHANNEL_OPTIONS = (
 """Options of :func:`open_channel` (gRPC core channel arguments, ``grpc_types.h``)."""
 
 _RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
+
+
+@dataclass(frozen=True)
+class Signal:
+    """What differs between pushing metrics and pushing logs.
+
+    Attributes:
+        name: ``metrics`` or ``logs`` (for log messages).
+        stub: builds the OTLP service stub on a channel.
+        parse: parses a serialized export request (a store batch).
+        rejected_field: the ``partial_success`` field counting rejected items.
+        items: what the store counts, in log messages (``data points``, ``log records``).
+
+    """
+
+    name: str
+    stub: Callable[[grpc.Channel], Any]
+    parse: Callable[[bytes], Any]
+    rejected_field: str
+    items: str
+
+
+METRICS = Signal(
+    "metrics",
+    metrics_service_pb2_grpc.MetricsServiceStub,
+    metrics_service_pb2.ExportMetricsServiceRequest.FromString,
+    "rejected_data_points",
+    "data points",
+)
+"""OTLP ``MetricsService.Export`` of the metric store."""
+
+LOGS = Signal(
+    "logs",
+    logs_service_pb2_grpc.LogsServiceStub,
+    logs_service_pb2.ExportLogsServiceRequest.FromString,
+    "rejected_log_records",
+    "log records",
+)
+"""OTLP ``LogsService.Export`` of the log store (GPU events)."""
 
 
 class PushSettings(BaseModel):
@@ -222,6 +269,7 @@ class PushExporter:
         jitter: factor applied to each computed back-off (default uniform 0.8–1.2).
         wait: ``wait(seconds) -> bool`` for back-off and the export interval; True means
             "shutdown requested". Default: the exporter's own stop event.
+        signal: :data:`METRICS` (the metric store) or :data:`LOGS` (the log store).
 
     Thread model: :meth:`start` runs :meth:`export_pending` every ``interval_s`` on one thread;
     :meth:`shutdown` interrupts any back-off, joins that thread, then flushes once more.
@@ -237,11 +285,13 @@ class PushExporter:
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = lambda: random.uniform(0.8, 1.2),
         wait: Callable[[float], bool] | None = None,
+        signal: Signal = METRICS,
     ) -> None:
         self._store = store
         self._settings = settings
+        self._signal = signal
         self._channel = channel if channel is not None else open_channel(settings)
-        self._stub = metrics_service_pb2_grpc.MetricsServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._stub = signal.stub(self._channel)
         self._telemetry = telemetry
         self._clock = clock
         self._jitter = jitter
@@ -281,8 +331,10 @@ class PushExporter:
                 self._epoch, self._acked = res.epoch, 0
             if res.dropped_data_points:
                 log.warning(
-                    "push: the store dropped %d data points before they could be exported (%s)",
+                    "push: the %s store dropped %d %s before they could be exported (%s)",
+                    self._signal.name,
                     res.dropped_data_points,
+                    self._signal.items,
                     ", ".join(res.drop_reasons),
                 )
             if not res.parts:
@@ -302,7 +354,7 @@ class PushExporter:
 
         The deadline is ``timeout_s`` from now, or ``until`` (``clock`` seconds) if earlier.
         """
-        request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)
+        request = self._signal.parse(data)
         deadline = self._clock() + self._settings.timeout_s
         if until is not None:
             deadline = min(deadline, until)
@@ -322,10 +374,12 @@ class PushExporter:
                     or (code is grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None)
                 ):
                     log.error(
-                        "push: export refused with %s (%s); %d points dropped",
+                        "push: %s export refused with %s (%s); %d %s dropped",
+                        self._signal.name,
                         code.name,
                         _details(err),
                         points,
+                        self._signal.items,
                     )
                     self._telemetry.add("gpumetrics.push.points", points, {"outcome": "failed"})
                     return ExportResult.REFUSED
@@ -375,12 +429,13 @@ class PushExporter:
 
     def _accepted(self, response: Any, points: int) -> ExportResult:
         partial = response.partial_success
-        rejected = max(0, partial.rejected_data_points)
+        rejected = max(0, getattr(partial, self._signal.rejected_field))
         if rejected or partial.error_message:
             log.warning(
-                "push: collector rejected %d of %d data points: %s",
+                "push: collector rejected %d of %d %s: %s",
                 rejected,
                 points,
+                self._signal.items,
                 partial.error_message or "(no message)",
             )
             if rejected:
@@ -394,7 +449,10 @@ class PushExporter:
 
     def start(self) -> None:
         """Start the export thread (every ``interval_s``, until :meth:`shutdown`)."""
-        self._thread = threading.Thread(target=self._run, name="gpumetrics-push", daemon=True)
+        name = (
+            "gpumetrics-push" if self._signal is METRICS else f"gpumetrics-push-{self._signal.name}"
+        )
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:

@@ -3,9 +3,10 @@
 Up to three ``grpc.Server`` objects, because grpcio serves every registered service on every
 port of a server:
 
-* **main** (``listen``): ``MetricsPullService``, ``ProfilerIntegrationService`` (unless
-  ``profiler_listen`` is set), health, reflection, and whatever :meth:`SidecarServer.add_service`
-  adds (go-plugin's ``plugin.GRPCController`` and ``plugin.GRPCStdio``);
+* **main** (``listen``): ``MetricsPullService``, ``LogsPullService`` (when the sidecar keeps a
+  log store of GPU events), ``ProfilerIntegrationService`` (unless ``profiler_listen`` is set),
+  health, reflection, and whatever :meth:`SidecarServer.add_service` adds (go-plugin's
+  ``plugin.GRPCController`` and ``plugin.GRPCStdio``);
 * **profiler** (``profiler_listen``, optional): ``ProfilerIntegrationService``, health, reflection;
 * **health** (``health_listen``, optional): ``grpc.health.v1.Health`` only, plaintext, no tokens.
 
@@ -38,8 +39,10 @@ from gpumetrics.service.errors import SettingError
 from gpumetrics.service.gate import Gatekeeper
 from gpumetrics.service.health import SidecarHealth
 from gpumetrics.service.inflight import InflightBudget
+from gpumetrics.service.logs_pull import LogsPullServicer
 from gpumetrics.service.names import (
     HEALTH_SERVICE,
+    LOGS_PULL_SERVICE,
     PROFILER_SERVICE,
     PULL_SERVICE,
     REFLECTION_SERVICE,
@@ -55,12 +58,13 @@ from gpumetrics.service.settings import (
 )
 from gpumetrics.service.tls import server_credentials
 from gpumetrics.store import BatchStore
-from gpumetrics.v1 import profiler_pb2_grpc
+from gpumetrics.v1 import logs_pull_pb2_grpc, profiler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 _BASE_POLICIES = {
     PULL_SERVICE: AuthPolicy.PULL,
+    LOGS_PULL_SERVICE: AuthPolicy.PULL,
     PROFILER_SERVICE: AuthPolicy.DECLARE,
     HEALTH_SERVICE: AuthPolicy.NONE,
     REFLECTION_SERVICE: AuthPolicy.ANY,
@@ -102,6 +106,8 @@ class SidecarServer:
         declared: the declared store the profiler service feeds.
         health: health state shared by every listener (the caller marks it ready).
         telemetry: self-telemetry for the store-facing servicers and the gatekeepers.
+        logs_store: the log store of GPU events, served by ``LogsPullService``; None: not
+            served (the service answers UNIMPLEMENTED).
 
     Raises:
         SettingError: naming the setting when a token or TLS file cannot be used.
@@ -117,6 +123,7 @@ class SidecarServer:
         declared: DeclaredStoreAPI,
         health: SidecarHealth,
         telemetry: SelfTelemetry = NO_TELEMETRY,
+        logs_store: BatchStore | None = None,
     ) -> None:
         self.settings = settings
         self.health = health
@@ -147,6 +154,16 @@ class SidecarServer:
         self._main = self._group("listen")
         add_pull_servicer(pull, self._main.server)
         self._main.services.append(PULL_SERVICE)
+        if logs_store is not None:
+            logs = LogsPullServicer(
+                logs_store,
+                telemetry,
+                default_max_bytes=settings.pull_default_max_bytes,
+                max_bytes_limit=settings.max_send_message_bytes - ENVELOPE_BYTES,
+            )
+            logs_pull_pb2_grpc.add_LogsPullServiceServicer_to_server(logs, self._main.server)
+            self._main.services.append(LOGS_PULL_SERVICE)
+            health.add_service(LOGS_PULL_SERVICE)
         self._profiler: _Group | None = None
         target = self._main
         if settings.profiler_listen:

@@ -195,6 +195,20 @@ def _faults_and_events(scn: Scenario) -> Iterator[Problem]:
         yield from _device_ref(f"events[{i}].device", e.device, scn)
         if e.new_index is not None and e.new_index >= len(scn.devices):
             yield (f"events[{i}].new_index", f"must be < {len(scn.devices)} (the device count)")
+    for i, n in enumerate(scn.nvml_events):
+        yield from _device_ref(f"nvml_events[{i}].device", n.device, scn)
+        yield from _supported(f"nvml_events[{i}].type", n.device, n.type, scn)
+
+
+def _supported(path: str, ref: int | str, event_type: str, scn: Scenario) -> Iterator[Problem]:
+    """Flag an event of a type its GPU does not support: it could never be delivered."""
+    for position, dev in enumerate(scn.devices):
+        instances = {m.uuid for m in dev.mig.instances} if dev.mig is not None else set()
+        index = position if dev.index is None else dev.index
+        if ref in (index, dev.uuid) or ref in instances:
+            if event_type not in (dev.supported_events or ()):
+                yield (path, f"{event_type!r} is not in the GPU's supported_events")
+            return
 
 
 def check_scenario(scn: Scenario) -> list[Problem]:

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
+from nvmlsim.eventtypes import event_type_bit
 from nvmlsim.model.values import Code, Dyn, RawBytes, Strict, ValueType, Window
 
 __all__ = [
@@ -327,6 +328,19 @@ class FieldValue(Strict):
     scope_id: int | None = Field(default=None, ge=0, le=U32)
 
 
+def _event_types(value: object) -> object:
+    if isinstance(value, list):
+        for name in value:
+            event_type_bit(str(name))  # ValueError naming the known types
+        if len(set(value)) != len(value):
+            raise ValueError("an event type is listed twice")
+    return value
+
+
+#: Event type names (``nvmlsim.eventtypes``), validated against the NVML bits.
+EventTypeList = Annotated[list[str], BeforeValidator(_event_types)]
+
+
 class Device(Strict):
     """One physical GPU. ``index`` defaults to the position in ``devices``.
 
@@ -335,6 +349,9 @@ class Device(Strict):
     ``process_lists: false`` makes every running-process call (all versions and
     ``nvmlDeviceGetRunningProcessDetailList``) answer NOT_SUPPORTED, as Jetson's integrated GPU
     does (an empty list would say "nothing runs", which is a different answer).
+    ``supported_events`` are the event types ``nvmlDeviceGetSupportedEventTypes`` reports and
+    ``nvmlDeviceRegisterEvents`` accepts (names of ``nvmlsim.eventtypes``); omitted, both answer
+    NOT_SUPPORTED.
     """
 
     index: int | None = Field(default=None, ge=0)
@@ -366,6 +383,7 @@ class Device(Strict):
     field_values: Annotated[dict[int, FieldValue], BeforeValidator(_field_ids)] = Field(
         default_factory=dict
     )
+    supported_events: EventTypeList | None = None
     processes: list[Process] = Field(default_factory=list)
     process_sets: list[ProcessSet] = Field(default_factory=list)
     process_lists: bool = True

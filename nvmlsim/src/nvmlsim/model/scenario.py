@@ -12,10 +12,21 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from nvmlsim.clock import DEFAULT_START_UNIX
-from nvmlsim.model.devices import Device, MigInstance
+from nvmlsim.eventtypes import event_type_bit
+from nvmlsim.model.devices import U64, Device, MigInstance
 from nvmlsim.model.values import Code, RawBytes, Strict, Window
 
-__all__ = ["ClockSpec", "DriverSpec", "Fault", "Override", "Event", "Scenario", "EVENT_ACTIONS"]
+__all__ = [
+    "ClockSpec",
+    "DriverSpec",
+    "Fault",
+    "Override",
+    "Event",
+    "NvmlEvent",
+    "Scenario",
+    "EVENT_ACTIONS",
+    "MAX_EVENT_COUNT",
+]
 
 
 class ClockSpec(Strict):
@@ -183,8 +194,51 @@ class Event(Strict):
         return self
 
 
+#: The most identical events one ``nvml_events`` entry may stand for (a storm).
+MAX_EVENT_COUNT = 1_000_000
+
+
+class NvmlEvent(Strict):
+    """An event the driver delivers to event sets (``nvmlEventSetWait_v2``).
+
+    ``type`` is an NVML event type by name (``xid``, ``double_bit_ecc``... see
+    ``nvmlsim.eventtypes``) and ``data`` its ``eventData`` (the Xid for ``xid``; 0 otherwise
+    unless given). ``device`` is a GPU (index or UUID) or a MIG instance (its UUID): an event of
+    an instance carries the instance's GPU/compute-instance ids and reaches sets registered on
+    its parent only with ``mig.privileged: true`` (NVML API reference, ``nvmlEventSetWait_v2``);
+    a GPU's event carries 0xFFFFFFFF for both. ``count`` identical events happen at once (a
+    storm). When: exactly one of ``at_cycle``, ``at_s`` (seconds after install) or
+    ``after_registration`` (right after the device's N-th successful
+    ``nvmlDeviceRegisterEvents``, by any set), plus ``delay_s`` with the last. An event reaches
+    only the sets that have the device registered for its type when it happens, as on hardware.
+    """
+
+    device: int | str
+    type: str
+    data: int = Field(default=0, ge=0, le=U64)
+    count: int = Field(default=1, ge=1, le=MAX_EVENT_COUNT)
+    at_cycle: int | None = Field(default=None, ge=1)
+    at_s: float | None = Field(default=None, ge=0)
+    after_registration: int | None = Field(default=None, ge=1)
+    delay_s: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _when(self) -> NvmlEvent:
+        event_type_bit(self.type)  # ValueError naming the known types
+        when = ("at_cycle", "at_s", "after_registration")
+        given = [k for k in when if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of at_cycle, at_s, after_registration")
+        if self.delay_s and self.after_registration is None:
+            raise ValueError("delay_s: only with after_registration")
+        return self
+
+
 class Scenario(Strict):
     """A complete simulated system: what ``load_scenario`` returns and ``install`` runs.
+
+    ``events`` change the system (a GPU lost, a driver upgraded); ``nvml_events`` are what
+    the driver reports through event sets (Xid errors, ECC errors...).
 
     ``extra_process_names`` answers ``nvmlSystemGetProcessName`` for pids that are not GPU
     processes (e.g. an unrelated local process that shares a host pid's number, F15).
@@ -210,4 +264,5 @@ class Scenario(Strict):
     faults: list[Fault] = Field(default_factory=list)
     overrides: list[Override] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)
+    nvml_events: list[NvmlEvent] = Field(default_factory=list)
     extra_process_names: dict[int, RawBytes] = Field(default_factory=dict)

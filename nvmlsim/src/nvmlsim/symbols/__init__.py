@@ -7,6 +7,7 @@ profile decides which of them the simulated library exports.
 from __future__ import annotations
 
 from nvmlsim.symbols import (
+    events,
     fieldvalues,
     identity,
     memory,
@@ -33,6 +34,7 @@ _MODULES = (
     procutil,
     mig,
     fieldvalues,
+    events,
 )
 
 

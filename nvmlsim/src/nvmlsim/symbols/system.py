@@ -43,6 +43,12 @@ def _shutdown(drv: SimDriver, call: Call, target: None) -> int:
             f"{drv.in_flight - 1} other call(s) were inside the driver",
         )
     drv.init_count -= 1
+    if drv.init_count == 0:
+        left = drv.event_sets.open_sets()
+        if left and drv.strict:
+            drv.violation("event_set_not_freed", call.name, f"{left} event set(s) never freed")
+        drv.event_sets.forget_all()  # nothing survives the last shutdown
+        drv.event_wakeup.notify_all()  # a wait in flight answers UNINITIALIZED
     return codes.SUCCESS
 
 

@@ -15,7 +15,11 @@
 //     many as fit max_data_points, max_bytes and Options.MaxBatchesPerPull (the first always);
 //     `more` says batches wait after the last one sent (after the read position when none was);
 //     ack_only answers no data;
-//   - a Pull before the first batch of an epoch fails with UNAVAILABLE.
+//   - a Pull before the first batch of an epoch fails with UNAVAILABLE (unless
+//     Options.EmptyAnswered: the log store answers empty, as the sidecar's does).
+//
+// LogsServer serves one such store as gpumetrics.v1.LogsPullService: PullLogsRequest and
+// PullLogsResponse are the same steps with log records for data points.
 //
 // Not modelled: the store's limits and consumer expiry. Drop injects a drop report instead.
 package fakesidecar
@@ -25,6 +29,8 @@ import (
 	"fmt"
 	"sync"
 
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pdata/plog/plogotlp"
 	"go.opentelemetry.io/collector/pdata/pmetric"
 	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
 	"google.golang.org/grpc/codes"
@@ -50,6 +56,9 @@ type Options struct {
 	// OnPull, when set, is called at the start of every Pull (before authorization) with the
 	// call's context; a test can block there to hold a Pull in flight.
 	OnPull func(ctx context.Context)
+	// EmptyAnswered makes a Pull before the first batch answer empty instead of UNAVAILABLE
+	// (the sidecar's log store: a node may have no event for days).
+	EmptyAnswered bool
 }
 
 type batch struct {
@@ -99,10 +108,14 @@ func (s *Server) Append(md pmetric.Metrics) uint64 {
 	if err != nil {
 		panic(fmt.Sprintf("fakesidecar: marshal: %v", err))
 	}
+	return s.appendRaw(data, uint64(md.DataPointCount())) //nolint:gosec // never negative
+}
+
+func (s *Server) appendRaw(data []byte, items uint64) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.last++
-	s.batches = append(s.batches, batch{seq: s.last, data: data, points: uint64(md.DataPointCount())}) //nolint:gosec // never negative
+	s.batches = append(s.batches, batch{seq: s.last, data: data, points: items})
 	return s.last
 }
 
@@ -174,7 +187,7 @@ func (s *Server) Pull(ctx context.Context, req *gpumetricsv1.PullRequest) (*gpum
 	if err, ok := s.failures[len(s.requests)]; ok {
 		return nil, err
 	}
-	if s.last == 0 {
+	if s.last == 0 && !s.opts.EmptyAnswered {
 		return nil, status.Error(codes.Unavailable, "no collection has been stored yet; retry later")
 	}
 	c := s.consumer(req.GetConsumer())
@@ -287,4 +300,80 @@ func Gauge(label string, n int) pmetric.Metrics {
 		dp.Attributes().PutStr("point", fmt.Sprint(i))
 	}
 	return md
+}
+
+// LogsServer is the fake LogsPullService over its own Server (the log store): PullLogs is the
+// store's Pull with the logs message types. Safe for concurrent use.
+type LogsServer struct {
+	gpumetricsv1.UnimplementedLogsPullServiceServer
+	// Store holds the log batches; its Requests, Acked, Held, Drop, FailRequest and Restart
+	// work as for metrics (requests are recorded as PullRequests).
+	Store *Server
+}
+
+// NewLogs returns a LogsServer whose store answers empty before its first batch.
+func NewLogs(opts Options) *LogsServer {
+	opts.EmptyAnswered = true
+	return &LogsServer{Store: New(opts)}
+}
+
+// AppendLogs stores ld as the next log batch and returns its sequence. It panics if ld cannot be
+// serialized (test data only).
+func (l *LogsServer) AppendLogs(ld plog.Logs) uint64 {
+	data, err := plogotlp.NewExportRequestFromLogs(ld).MarshalProto()
+	if err != nil {
+		panic(fmt.Sprintf("fakesidecar: marshal: %v", err))
+	}
+	return l.Store.appendRaw(data, uint64(ld.LogRecordCount())) //nolint:gosec // never negative
+}
+
+// PullLogs implements gpumetrics.v1.LogsPullService/PullLogs.
+func (l *LogsServer) PullLogs(ctx context.Context, req *gpumetricsv1.PullLogsRequest) (*gpumetricsv1.PullLogsResponse, error) {
+	pull := &gpumetricsv1.PullRequest{
+		Consumer:          req.GetConsumer(),
+		AckSequence:       req.GetAckSequence(),
+		AckEpoch:          req.GetAckEpoch(),
+		MaxDataPoints:     req.GetMaxLogRecords(),
+		MaxBytes:          req.GetMaxBytes(),
+		AckOnly:           req.GetAckOnly(),
+		ReadAfterSequence: req.GetReadAfterSequence(),
+	}
+	if o := req.GetPreviousOutcome(); o != nil {
+		pull.PreviousOutcome = &gpumetricsv1.PreviousOutcome{
+			LastSequence:       o.GetLastSequence(),
+			RejectedDataPoints: o.GetRejectedLogRecords(),
+			ErrorMessage:       o.GetErrorMessage(),
+		}
+	}
+	resp, err := l.Store.Pull(ctx, pull)
+	if err != nil {
+		return nil, err
+	}
+	return &gpumetricsv1.PullLogsResponse{
+		ExportLogsServiceRequest: resp.GetExportMetricsServiceRequest(),
+		Epoch:                    resp.GetEpoch(),
+		FirstSequence:            resp.GetFirstSequence(),
+		LastSequence:             resp.GetLastSequence(),
+		More:                     resp.GetMore(),
+		LogRecords:               resp.GetDataPoints(),
+		DroppedLogRecords:        resp.GetDroppedDataPoints(),
+		DroppedLogRecordsTotal:   resp.GetDroppedDataPointsTotal(),
+		DropReasons:              resp.GetDropReasons(),
+	}, nil
+}
+
+// Event returns a plog.Logs with one resource (attribute "batch" = label) and n log records
+// named "nvidia.gpu.xid", with attribute "record" = 0..n-1.
+func Event(label string, n int) plog.Logs {
+	ld := plog.NewLogs()
+	rl := ld.ResourceLogs().AppendEmpty()
+	rl.Resource().Attributes().PutStr("batch", label)
+	sl := rl.ScopeLogs().AppendEmpty()
+	for i := range n {
+		r := sl.LogRecords().AppendEmpty()
+		r.SetEventName("nvidia.gpu.xid")
+		r.Body().SetStr(fmt.Sprintf("event %d of %s", i, label))
+		r.Attributes().PutInt("record", int64(i))
+	}
+	return ld
 }

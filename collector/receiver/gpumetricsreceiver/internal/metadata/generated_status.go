@@ -16,4 +16,6 @@ var (
 const (
 	// MetricsStability is the stability level of the receiver's metrics signal.
 	MetricsStability = component.StabilityLevelDevelopment
+	// LogsStability is the stability level of the receiver's logs signal (GPU events).
+	LogsStability = component.StabilityLevelDevelopment
 )

@@ -16,6 +16,10 @@ type TelemetryBuilder struct {
 	GpumetricsSidecarDroppedDataPoints metric.Int64Counter
 	// GpumetricsSidecarRestarts counts store epoch changes seen between pulls ({restart}).
 	GpumetricsSidecarRestarts metric.Int64Counter
+	// GpumetricsSidecarDroppedLogRecords counts log records (GPU events) the sidecar dropped
+	// before this receiver acknowledged them ({record}; source:
+	// PullLogsResponse.dropped_log_records).
+	GpumetricsSidecarDroppedLogRecords metric.Int64Counter
 }
 
 // NewTelemetryBuilder creates the instruments from settings.MeterProvider under ScopeName.
@@ -34,6 +38,12 @@ func NewTelemetryBuilder(settings component.TelemetrySettings) (*TelemetryBuilde
 		"otelcol_gpumetrics_sidecar_restarts",
 		metric.WithDescription("Times the sidecar's store epoch changed between two pulls (the sidecar restarted and its sequences began again); each one resets the acknowledgement cursor."),
 		metric.WithUnit("{restart}"),
+	)
+	errs = errors.Join(errs, err)
+	builder.GpumetricsSidecarDroppedLogRecords, err = meter.Int64Counter(
+		"otelcol_gpumetrics_sidecar_dropped_log_records",
+		metric.WithDescription("Log records (GPU events) the sidecar's log store dropped before this receiver acknowledged them, as the sidecar announced in PullLogsResponse.dropped_log_records."),
+		metric.WithUnit("{record}"),
 	)
 	errs = errors.Join(errs, err)
 	return &builder, errs

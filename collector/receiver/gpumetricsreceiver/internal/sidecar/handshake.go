@@ -1,5 +1,6 @@
-// Package sidecar connects to a gpumetrics sidecar's MetricsPullService, either by starting it as a
-// HashiCorp go-plugin subprocess (StartPlugin) or by dialling a running one (DialRemote).
+// Package sidecar connects to a gpumetrics sidecar's MetricsPullService and LogsPullService,
+// either by starting it as a HashiCorp go-plugin subprocess (StartPlugin) or by dialling a
+// running one (DialRemote).
 //
 // The go-plugin handshake values are the ones in docs/architecture.md ("go-plugin handshake"),
 // shared with the Python sidecar: cookie GPUMETRICS_PLUGIN_MAGIC_COOKIE, app protocol version 1,
@@ -46,6 +47,8 @@ type PullPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
 	// Impl is the server implementation, set only on the plugin side.
 	Impl gpumetricsv1.MetricsPullServiceServer
+	// Logs, when set (plugin side), is served as gpumetrics.v1.LogsPullService too.
+	Logs gpumetricsv1.LogsPullServiceServer
 }
 
 var _ plugin.GRPCPlugin = (*PullPlugin)(nil)
@@ -56,6 +59,9 @@ func (p *PullPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 		return ErrNoServer
 	}
 	gpumetricsv1.RegisterMetricsPullServiceServer(s, p.Impl)
+	if p.Logs != nil {
+		gpumetricsv1.RegisterLogsPullServiceServer(s, p.Logs)
+	}
 	return nil
 }
 

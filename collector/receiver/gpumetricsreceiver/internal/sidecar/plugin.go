@@ -99,6 +99,7 @@ type Plugin struct {
 	client *plugin.Client
 	cmd    *exec.Cmd
 	pull   gpumetricsv1.MetricsPullServiceClient
+	logs   gpumetricsv1.LogsPullServiceClient
 	health healthpb.HealthClient
 	logger *zap.Logger
 
@@ -210,6 +211,7 @@ func (p *Plugin) connect(ctx context.Context, rpc plugin.ClientProtocol) error {
 		return fmt.Errorf("plugin protocol %q: only grpc is supported", p.client.Protocol())
 	}
 	p.pull = pull
+	p.logs = gpumetricsv1.NewLogsPullServiceClient(grpcClient.Conn)
 	p.health = healthpb.NewHealthClient(grpcClient.Conn)
 	status, err := p.checkHealth(ctx)
 	if err != nil {
@@ -249,6 +251,11 @@ func (p *Plugin) Pid() int {
 // Pull calls MetricsPullService/Pull on the sidecar.
 func (p *Plugin) Pull(ctx context.Context, req *gpumetricsv1.PullRequest) (*gpumetricsv1.PullResponse, error) {
 	return p.pull.Pull(ctx, req)
+}
+
+// PullLogs calls LogsPullService/PullLogs on the sidecar (over the plugin's connection).
+func (p *Plugin) PullLogs(ctx context.Context, req *gpumetricsv1.PullLogsRequest) (*gpumetricsv1.PullLogsResponse, error) {
+	return p.logs.PullLogs(ctx, req)
 }
 
 // Lost reports whether the process has exited or no longer answers its health check within ctx

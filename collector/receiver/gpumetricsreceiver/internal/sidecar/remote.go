@@ -85,7 +85,6 @@ type Remote struct {
 
 	mu   sync.Mutex
 	conn *grpc.ClientConn
-	pull gpumetricsv1.MetricsPullServiceClient
 
 	closeOnce sync.Once
 	closeErr  error
@@ -124,7 +123,7 @@ func (r *Remote) newConn() error {
 	if err != nil {
 		return err
 	}
-	r.conn, r.pull = conn, gpumetricsv1.NewMetricsPullServiceClient(conn)
+	r.conn = conn
 	return nil
 }
 
@@ -138,15 +137,35 @@ func (r *Remote) State() connectivity.State {
 // Pull calls MetricsPullService/Pull on the sidecar; on a connection that is not READY, only
 // once a probe found the endpoint reachable within ctx (see Remote).
 func (r *Remote) Pull(ctx context.Context, req *gpumetricsv1.PullRequest) (*gpumetricsv1.PullResponse, error) {
+	conn, err := r.reachable(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return gpumetricsv1.NewMetricsPullServiceClient(conn).Pull(ctx, req)
+}
+
+// PullLogs calls LogsPullService/PullLogs on the sidecar, waiting for it as Pull does.
+func (r *Remote) PullLogs(ctx context.Context, req *gpumetricsv1.PullLogsRequest) (*gpumetricsv1.PullLogsResponse, error) {
+	conn, err := r.reachable(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return gpumetricsv1.NewLogsPullServiceClient(conn).PullLogs(ctx, req)
+}
+
+// reachable returns the channel a call may use now: the current one when READY, else only once
+// a probe found the endpoint reachable within ctx (a channel left retrying by itself after a
+// failed attempt is replaced by a fresh one first).
+func (r *Remote) reachable(ctx context.Context) (*grpc.ClientConn, error) {
 	r.mu.Lock()
-	pull, conn := r.pull, r.conn
+	conn := r.conn
 	r.mu.Unlock()
 	if state := conn.GetState(); state != connectivity.Ready {
 		err := r.probe(ctx)
 		if err != nil && (state == connectivity.TransientFailure || state == connectivity.Connecting) {
 			r.replace(conn) // stop its own reconnection attempts
 			r.mu.Lock()
-			pull = r.pull
+			conn = r.conn
 			r.mu.Unlock()
 		}
 		if err != nil {
@@ -155,7 +174,7 @@ func (r *Remote) Pull(ctx context.Context, req *gpumetricsv1.PullRequest) (*gpum
 			}
 		}
 	}
-	return pull.Pull(ctx, req)
+	return conn, nil
 }
 
 // waitReachable probes again, with the probe backoff, until the endpoint accepts a connection

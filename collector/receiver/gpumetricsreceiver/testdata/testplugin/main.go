@@ -1,10 +1,12 @@
-// Command testplugin is a go-plugin plugin serving the fake MetricsPullService, for the receiver's
-// subprocess-mode tests. It starts with three batches, each a resource carrying its own
-// process.pid, and writes one hclog-style line to stderr before serving.
+// Command testplugin is a go-plugin plugin serving the fake MetricsPullService and
+// LogsPullService, for the receiver's subprocess-mode tests. It starts with three metric batches,
+// each a resource carrying its own process.pid, and one log batch of events (resource attribute
+// process.pid too), and writes one hclog-style line to stderr before serving.
 //
 // Environment (set through the receiver's `env`):
 //
 //	TESTPLUGIN_BATCHES            number of initial batches (default 3)
+//	TESTPLUGIN_EVENTS             log records in the one initial log batch (default 2; 0: none)
 //	TESTPLUGIN_UNAVAILABLE_PULLS  the first this many Pulls fail with UNAVAILABLE, as a sidecar
 //	                              whose first collection is not stored yet answers (default 0)
 package main
@@ -49,10 +51,16 @@ func main() {
 		md.ResourceMetrics().At(0).Resource().Attributes().PutInt("process.pid", int64(pid))
 		fake.Append(md)
 	}
+	logs := fakesidecar.NewLogs(fakesidecar.Options{Epoch: "logs-pid-" + strconv.Itoa(pid)})
+	if events := intEnv("TESTPLUGIN_EVENTS", 2); events > 0 {
+		ld := fakesidecar.Event("e1", events)
+		ld.ResourceLogs().At(0).Resource().Attributes().PutInt("process.pid", int64(pid))
+		logs.AppendLogs(ld)
+	}
 	fmt.Fprintf(os.Stderr, "[INFO] testplugin serving: batches=%d\n", n)
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: sidecar.Handshake,
-		Plugins:         plugin.PluginSet{sidecar.PluginName: &sidecar.PullPlugin{Impl: fake}},
+		Plugins:         plugin.PluginSet{sidecar.PluginName: &sidecar.PullPlugin{Impl: fake, Logs: logs}},
 		GRPCServer:      plugin.DefaultGRPCServer,
 	})
 }

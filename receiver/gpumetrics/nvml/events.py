@@ -1,0 +1,497 @@
+"""The NVML event listener: one event set per NVML session, waited on by its own thread.
+
+NVML delivers Xid errors, ECC errors, page-retirement/row-remap events, recovery actions and
+more through *event sets* (NVML API reference, "Event Handling Methods",
+https://docs.nvidia.com/deploy/nvml-api/group__nvmlEvents.html): ``nvmlEventSetCreate``, then
+``nvmlDeviceRegisterEvents`` per GPU with the types it supports
+(``nvmlDeviceGetSupportedEventTypes``), then ``nvmlEventSetWait_v2`` returns one event at a time
+or TIMEOUT, and ``nvmlEventSetFree``. The :class:`EventListener` does that on the thread
+``gpumetrics-nvml-events``, apart from the device workers, so a wait never delays a tick:
+
+* **Registration.** The collector hands it the devices of the current session after every
+  cycle (:meth:`EventListener.sync`); when they change, the listener acts between two waits: a
+  new session gets a new set; a GPU recovered with a new handle is registered on the set it has
+  (no events of the other GPUs are lost to a new set). Each GPU's supported types are probed
+  once per session (NOT_SUPPORTED disables it for the session, logged once) and registered ANDed
+  with ``events.types``. MIG: NVML registers physical GPUs only (per-instance
+  registration through MIG handles is not supported); an event with instance ids is attributed
+  to the matching MIG instance.
+* **Waiting.** ``nvmlEventSetWait_v2`` with ``events.wait_timeout_s`` (1 s): the bound on how
+  long a stop or a re-registration waits for the thread. TIMEOUT just loops.
+* **GPU lost.** A wait answering GPU_IS_LOST (drivers rarely deliver Xid 79 as an event; the
+  wait fails instead) makes the listener build a new set (the old one would keep answering
+  GPU_IS_LOST; the wait answered it only once its queued events were read): registering the
+  lost GPU fails with GPU_IS_LOST, which names it. It yields one ``gpu_lost`` event per loss
+  (also when the collector's ticks see the loss first), and the GPU is registered again when the
+  collector recovers it (a new handle); its events resume from then on.
+* **Lifecycle.** The collector suspends the listener before the NVML session goes down
+  (library error, :meth:`Collector.release`, :meth:`Collector.stop`) and waits until it is idle
+  (at most one wait timeout): the thread frees its set while NVML is still initialised and makes
+  no further call until the next :meth:`sync`, so ``nvmlShutdown`` never meets a set or a wait
+  in flight (F22). A lifecycle code answered to the listener itself drops the set without more
+  calls; the collector re-initialises on its own.
+* **Errors.** Calls go through per-device gates (:mod:`gpumetrics.nvml.calls`): counted in
+  ``gpumetrics.nvml.errors``, logged once. Repeated wait failures back off (1 s doubling to
+  30 s), so a broken driver never makes the thread spin. A driver without
+  ``nvmlEventSetWait_v2`` (older than R450) disables events for the session, logged once.
+
+Events go to an :class:`~gpumetrics.events.EventSink` (the ``EventProducer``), which counts
+them, limits storms and renders the log records.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from gpumetrics.events import INSTANCE_ID_ANY, EventSettings, EventSink, GpuEvent, event_catalogue
+from gpumetrics.metrics import names
+from gpumetrics.nvml.calls import DeviceCalls, DeviceLost, LibraryDown
+from gpumetrics.nvml.context import HostPoint
+from gpumetrics.nvml.device import Device
+from gpumetrics.nvml.query import (
+    GPU_LOST_CODES,
+    LIFECYCLE_CODES,
+    ErrorKind,
+    QueryError,
+    code_name,
+    query,
+)
+from gpumetrics.nvml.state import Backoff
+from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
+
+__all__ = ["EventListener", "SUPPORTED_TYPES", "WAIT"]
+
+SUPPORTED_TYPES = "nvmlDeviceGetSupportedEventTypes"
+REGISTER = "nvmlDeviceRegisterEvents"
+WAIT = "nvmlEventSetWait_v2"
+REGISTERED_DEVICES = "gpumetrics.events.registered_devices"
+_GPU_LOST_NAMES = frozenset(code_name(c) for c in GPU_LOST_CODES)
+
+
+def handle_value(handle: Any) -> int:
+    """Return the address an nvidia-ml-py device handle holds (0 for None/NULL)."""
+    if handle is None:
+        return 0
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
+@dataclass
+class _Registered:
+    dev: Device
+    handle: int
+
+
+class EventListener:
+    """Listens for NVML events of the current session's GPUs (see the module docstring).
+
+    Args:
+        sink: where events go.
+        settings: ``events`` settings (types, wait timeout).
+        telemetry: NVML errors, ``gpumetrics.events.registered_devices``.
+        log: the collector's logger.
+        clock_ns: wall clock, Unix-epoch ns (observed times). Tests pass the simulator's.
+        backoff: the back-off of repeated wait failures (default 1 s doubling to 30 s).
+
+    Threads: :meth:`sync`, :meth:`suspend`, :meth:`idle` and :meth:`stop` are called by the
+    collector's scheduler; everything that calls NVML runs on the listener's own thread.
+
+    """
+
+    def __init__(
+        self,
+        sink: EventSink,
+        settings: EventSettings,
+        telemetry: SelfTelemetry = NO_TELEMETRY,
+        log: logging.Logger | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._sink = sink
+        self._settings = settings
+        self._wanted = settings.mask()
+        self._telemetry = telemetry
+        self._log = log or logging.getLogger("gpumetrics.nvml")
+        self._clock_ns = clock_ns
+        self._backoff = backoff or Backoff(1.0, 30.0)
+        self._cat = event_catalogue()
+        self._cond = threading.Condition()
+        # state shared with the scheduler (under _cond)
+        self._devices: list[Device] = []
+        self._signature: tuple[Any, ...] = ()
+        self._generation = 0  # NVML session of _devices
+        self._active = False  # the session is up and may be used
+        self._dirty = False
+        self._stopping = False
+        self._idle = True  # no NVML call in flight and no set allocated
+        self._registered_count = 0
+        self._rebuilds = 0
+        self._thread: threading.Thread | None = None
+        # the listener thread's own state
+        self._set: Any = None
+        self._set_generation = -1
+        self._registered: dict[int, _Registered] = {}
+        self._gates: dict[str, DeviceCalls] = {}
+        self._masks: dict[str, int] = {}
+        self._lost: dict[str, int] = {}  # uuid -> id() of the record it was lost on
+        self._new_set_needed = False  # a registered GPU was lost: this set answers GPU_IS_LOST
+        self._disabled_generation = -1
+        self._set_calls = DeviceCalls("event set", telemetry, self._log)
+
+    # -- the scheduler's side --------------------------------------------------------------------
+    def sync(self, devices: Iterable[Device], generation: int) -> None:
+        """Listen to ``devices`` of NVML session ``generation`` (called after every cycle).
+
+        Starts the thread on first use. A change (new session, new handle or device record)
+        makes the thread build a new set; failed GPUs lost to GPU_IS_LOST and friends get their
+        one ``gpu_lost`` event here when the ticks saw the loss first.
+        """
+        devs = list(devices)
+        signature = tuple((d.uuid, id(d), handle_value(d.handle), d.health.failed) for d in devs)
+        for d in devs:
+            if d.health.failed and d.health.reason in _GPU_LOST_NAMES:
+                self._mark_lost(d, d.health.reason)
+        with self._cond:
+            for d in devs:  # a new record of a lost GPU that is healthy: that loss is over
+                if not d.health.failed and self._lost.get(d.uuid, id(d)) != id(d):
+                    del self._lost[d.uuid]
+            if self._stopping:
+                return
+            changed = generation != self._generation or signature != self._signature
+            self._devices, self._signature = devs, signature
+            self._generation, self._active = generation, True
+            if changed:
+                self._dirty = True
+                self._cond.notify_all()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="gpumetrics-nvml-events", daemon=True
+                )
+                self._thread.start()
+
+    def suspend(self) -> None:
+        """Make no more NVML calls until the next :meth:`sync`; free the set (asynchronously).
+
+        Call :meth:`idle` (or :meth:`wait_idle`) to know when the thread is done with NVML.
+        """
+        with self._cond:
+            self._active = False
+            self._cond.notify_all()
+
+    @property
+    def longest_call_s(self) -> float:
+        """How long the listener may stay inside NVML: one wait timeout, plus a margin (s)."""
+        return self._settings.wait_timeout_s + 1.0
+
+    def idle(self) -> bool:
+        """Tell whether no listener call is in flight and no event set is allocated."""
+        with self._cond:
+            return self._idle
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until :meth:`idle` (at most ``timeout_s``: one wait timeout is enough)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._idle, timeout=timeout_s)
+
+    def wait_registered(self, count: int, timeout_s: float) -> bool:
+        """Block until a set with at least ``count`` GPUs is built for the latest devices.
+
+        For tests and diagnostics (events of a GPU reach the set only once it is registered).
+        """
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: not self._dirty and self._registered_count >= count, timeout=timeout_s
+            )
+
+    @property
+    def rebuilds(self) -> int:
+        """Return how many sets the listener has created (for tests and diagnostics)."""
+        with self._cond:
+            return self._rebuilds
+
+    def stop(self, timeout_s: float) -> bool:
+        """Stop the thread (it frees its set first) and join it; True when it ended in time."""
+        with self._cond:
+            self._stopping = True
+            self._active = False
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            return not thread.is_alive()
+        return True
+
+    def counter_points(self, devices: Iterable[Device], now_ns: int) -> list[HostPoint]:
+        """``nvidia.gpu.events`` points of ``devices`` (GPUs and MIG instances) for this cycle."""
+        out: list[HostPoint] = []
+        for d in devices:
+            for total in self._sink.totals(d.uuid):
+                out.append(
+                    (
+                        names.MetricGPUEvents,
+                        total.value,
+                        now_ns,
+                        d.attrs + total.attributes,
+                        total.start_ns,
+                    )
+                )
+        return out
+
+    # -- the listener thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(
+                    lambda: (
+                        self._stopping
+                        or (self._active and (self._dirty or self._set is not None))
+                        or (not self._active and self._set is not None)
+                    )
+                )
+                if self._stopping or not self._active:
+                    active = False
+                else:
+                    active, rebuild = True, self._dirty
+                    self._dirty = False
+                    devices, generation = list(self._devices), self._generation
+                self._idle = False
+            try:
+                if not active:
+                    self._free()
+                elif rebuild or generation != self._set_generation:
+                    self._refresh(devices, generation)
+                elif self._set is not None:
+                    self._wait_once()
+            except Exception:  # noqa: BLE001 - the listener must outlive any bug, logged
+                self._log.exception("GPU event listener: unexpected error; rebuilding the set")
+                self._drop_set()
+                self._pause()
+            finally:
+                with self._cond:
+                    self._idle = self._set is None
+                    self._registered_count = len(self._registered)
+                    self._cond.notify_all()
+                    done = self._stopping and self._set is None
+            if done:
+                return
+
+    def _pause(self) -> None:
+        """Back off after a failure (interrupted by stop, suspend or a new sync)."""
+        delay_s = self._backoff.failed(time.monotonic_ns()) / 1e9
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopping or not self._active, timeout=delay_s)
+            self._dirty = True
+
+    def _gate(self, dev: Device) -> DeviceCalls:
+        gate = self._gates.get(dev.uuid)
+        if gate is None:
+            gate = self._gates[dev.uuid] = DeviceCalls(dev.uuid, self._telemetry, self._log)
+        return gate
+
+    def _new_session(self, generation: int) -> None:
+        """Capabilities are re-probed per session (a new driver may differ)."""
+        self._gates.clear()
+        self._masks.clear()
+        self._set_generation = generation
+
+    def _refresh(self, devices: list[Device], generation: int) -> None:
+        """Register what is not registered yet; on a new session or a lost GPU, on a new set."""
+        if self._set is None or self._new_set_needed or generation != self._set_generation:
+            if not self._new_set(generation):
+                return
+        current = {(d.uuid, handle_value(d.handle)) for d in devices if d.handle is not None}
+        for key, reg in list(self._registered.items()):
+            if (reg.dev.uuid, reg.handle) not in current:
+                del self._registered[key]  # a reset or vanished GPU: that handle says nothing
+        for dev in devices:
+            registered = handle_value(dev.handle) in self._registered
+            if dev.handle is not None and dev.parent is None and not registered:
+                try:
+                    self._register(dev)
+                except LibraryDown:
+                    self._drop_set()  # the session is gone; the collector re-initialises
+                    return
+        self._telemetry.set(REGISTERED_DEVICES, len(self._registered))
+        if not self._registered:
+            self._free()
+
+    def _new_set(self, generation: int) -> bool:
+        """Free the set and create a new one (a new session re-probes capabilities)."""
+        self._free()
+        self._new_set_needed = False
+        if generation != self._set_generation:
+            self._new_session(generation)
+        if self._disabled_generation == generation:
+            return False
+        try:
+            self._set = self._set_calls.query(
+                "nvmlEventSetCreate", "nvmlEventSetCreate", pynvml.nvmlEventSetCreate
+            )
+        except LibraryDown:
+            self._set = None
+            return False
+        except QueryError as err:
+            self._set = None
+            if err.kind in (ErrorKind.FUNCTION_MISSING, ErrorKind.UNSUPPORTED):
+                self._disable(generation, "nvmlEventSetCreate", err)
+            else:
+                self._pause()
+            return False
+        with self._cond:
+            self._rebuilds += 1
+        return True
+
+    def _supported(self, dev: Device) -> int:
+        mask = self._masks.get(dev.uuid)
+        if mask is None:
+            gate = self._gate(dev)
+            value = gate.get(SUPPORTED_TYPES, SUPPORTED_TYPES, _supported_types, dev.handle)
+            mask = self._masks[dev.uuid] = int(value) if value is not None else 0
+            if value is not None and not mask & self._wanted:
+                self._log.info(
+                    "GPU %s supports none of the configured event types (events.types); "
+                    "no events are read from it",
+                    dev.uuid,
+                )
+        return mask & self._wanted
+
+    def _register(self, dev: Device) -> None:
+        try:
+            mask = self._supported(dev)
+            if not mask:
+                return
+            self._gate(dev).query(
+                REGISTER, REGISTER, pynvml.nvmlDeviceRegisterEvents, dev.handle, mask, self._set
+            )
+        except DeviceLost as lost:
+            self._mark_lost(dev, lost.error.code_name)
+            return
+        except QueryError:
+            return  # counted and logged by the gate; NOT_SUPPORTED disables it for the session
+        self._registered[handle_value(dev.handle)] = _Registered(dev, handle_value(dev.handle))
+        self._sink.listening(dev.uuid, self._clock_ns())
+        with self._cond:
+            back = self._lost.pop(dev.uuid, None) is not None
+        if back:
+            self._log.info("GPU %s: registered for events again; its events resume", dev.uuid)
+
+    def _mark_lost(self, dev: Device, reason: str) -> None:
+        """Emit the one ``gpu_lost`` event of this loss of ``dev`` (idempotent until it is back)."""
+        with self._cond:
+            if dev.uuid in self._lost:
+                return
+            self._lost[dev.uuid] = id(dev)
+        self._log.warning("GPU %s is lost (%s); its events stop until it is back", dev.uuid, reason)
+        self._sink.record(
+            GpuEvent(
+                type="gpu_lost",
+                data=0,
+                device_id=dev.uuid,
+                attributes=dev.attrs,
+                observed_ns=self._clock_ns(),
+                reason=reason,
+            )
+        )
+
+    def _disable(self, generation: int, function: str, err: QueryError) -> None:
+        self._disabled_generation = generation
+        self._log.warning(
+            "GPU events are off for this NVML session: %s answered %s (a driver older than "
+            "the event API nvidia-ml-py calls?)",
+            function,
+            err.code_name,
+        )
+
+    def _wait_once(self) -> None:
+        timeout_ms = max(1, round(self._settings.wait_timeout_s * 1000))
+        try:
+            data = query(WAIT, pynvml.nvmlEventSetWait_v2, self._set, timeout_ms)
+        except QueryError as err:
+            self._wait_failed(err)
+            return
+        self._backoff.reset()
+        self._deliver(data)
+
+    def _wait_failed(self, err: QueryError) -> None:
+        if err.code == pynvml.NVML_ERROR_TIMEOUT:
+            self._backoff.reset()
+            return
+        self._telemetry.add(
+            "gpumetrics.nvml.errors", 1, {"nvml.function": WAIT, "nvml.return_code": err.code_name}
+        )
+        if err.code in GPU_LOST_CODES:
+            self._new_set_needed = True
+            with self._cond:
+                self._dirty = True  # a new set names the lost GPU (its registration fails)
+            if self._backoff.due(time.monotonic_ns()):
+                self._backoff.failed(time.monotonic_ns())
+                return
+            self._pause()
+        elif err.code in LIFECYCLE_CODES:
+            self._drop_set()  # the library is gone: no more calls on this session's set
+        elif err.kind is ErrorKind.FUNCTION_MISSING:
+            self._disable(self._set_generation, WAIT, err)
+            self._free()
+        else:
+            self._set_calls.record(err)
+            self._free()
+            self._pause()
+
+    def _deliver(self, data: Any) -> None:
+        reg = self._registered.get(handle_value(data.device))
+        spec = self._cat.by_bit(int(data.eventType))
+        if reg is None or spec is None:
+            self._log.debug(
+                "GPU event of an unregistered device or unknown type 0x%x ignored",
+                int(data.eventType),
+            )
+            return
+        dev, gi, ci = reg.dev, int(data.gpuInstanceId), int(data.computeInstanceId)
+        target = dev
+        if gi != INSTANCE_ID_ANY:
+            for inst in list(dev.instances.values()):
+                if inst.gpu.gpu_instance_id == gi and inst.gpu.compute_instance_id in (ci, None):
+                    target = inst
+                    break
+        self._sink.record(
+            GpuEvent(
+                type=spec.type,
+                data=int(data.eventData),
+                device_id=target.uuid,
+                attributes=target.attrs,
+                observed_ns=self._clock_ns(),
+                gpu_instance_id=gi if gi != INSTANCE_ID_ANY else None,
+                compute_instance_id=ci if ci != INSTANCE_ID_ANY else None,
+                nvml_type=int(data.eventType),
+            )
+        )
+
+    def _free(self) -> None:
+        es, self._set = self._set, None
+        self._registered.clear()
+        self._telemetry.set(REGISTERED_DEVICES, 0)
+        if es is None:
+            return
+        try:
+            self._set_calls.query(
+                "nvmlEventSetFree", "nvmlEventSetFree", pynvml.nvmlEventSetFree, es
+            )
+        except (QueryError, LibraryDown):
+            pass  # counted and logged by the gate; the set is gone either way
+
+    def _drop_set(self) -> None:
+        """Forget the set without calling NVML (the library no longer answers)."""
+        self._set = None
+        self._registered.clear()
+        self._telemetry.set(REGISTERED_DEVICES, 0)
+
+
+def _supported_types(handle: Any) -> int:
+    return int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))

@@ -1,0 +1,331 @@
+"""The NVML event listener on the simulated driver: registration, delivery, GPU lost and back,
+MIG, storms, and the session lifecycle (the set is freed before every nvmlShutdown).
+
+Every wait here is on a condition (the listener's registrations, the sink's records) with a
+deadline; the listener thread waits in the simulator in real time with a short timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import yaml
+from gpumetrics.events import EventProducer, EventSettings, GpuEvent
+from gpumetrics.identity.attrs import from_key_values
+from gpumetrics.metrics import names
+from opentelemetry.proto.logs.v1 import logs_pb2
+
+import nvmlsim as sim
+
+DEADLINE_S = 30.0
+XID_TYPES = ["xid", "double_bit_ecc", "single_bit_ecc"]
+GPU_A = "GPU-e7e00000-0000-4000-8000-000000000000"
+GPU_B = "GPU-e7e00000-0000-4000-8000-000000000001"
+
+
+class Sink(EventProducer):
+    """The real EventProducer, plus a condition tests wait on for records to arrive."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[GpuEvent] = []
+        self._seen_cond = threading.Condition()
+
+    def record(self, event: GpuEvent) -> None:
+        super().record(event)
+        with self._seen_cond:
+            self.seen.append(event)
+            self._seen_cond.notify_all()
+
+    def wait_seen(self, n: int, timeout_s: float = DEADLINE_S) -> list[GpuEvent]:
+        with self._seen_cond:
+            ok = self._seen_cond.wait_for(lambda: len(self.seen) >= n, timeout=timeout_s)
+            assert ok, f"only {len(self.seen)} of {n} events arrived: {self.seen}"
+            return list(self.seen)
+
+
+def events_settings(**overrides: Any) -> EventSettings:
+    return EventSettings(**({"wait_timeout_s": 0.05} | overrides))
+
+
+def attach(run: Any, **overrides: Any) -> Sink:
+    clock = run.drv.clock
+    s = events_settings(**overrides)
+    sink = Sink(s, {"host.name": "node-1"}, run.tel, clock_ns=lambda: clock.now_us() * 1000)
+    run.col.attach_events(sink, s)
+    return sink
+
+
+def records(sink: Sink) -> list[logs_pb2.LogRecord]:
+    req = sink.collect()
+    return [r for rl in req.resource_logs for sl in rl.scope_logs for r in sl.log_records]
+
+
+def rattrs(record: logs_pb2.LogRecord) -> dict[str, Any]:
+    return dict(from_key_values(record.attributes))
+
+
+def two_gpus(**top: Any) -> dict[str, Any]:
+    def gpu(uuid: str, index: int) -> dict[str, Any]:
+        return {
+            "uuid": uuid,
+            "name": "NVIDIA H100 80GB HBM3",
+            "serial": f"165412300000{index}",
+            "temperature_c": 50,
+            "power": {"usage_mw": 300000},
+            "supported_events": XID_TYPES,
+        }
+
+    data: dict[str, Any] = {"devices": [gpu(GPU_A, 0), gpu(GPU_B, 1)]}
+    data.update(top)
+    return data
+
+
+def start(run: Any, gpus: int = 2) -> None:
+    run.cycle()
+    assert run.col.events is not None
+    assert run.col.events.wait_registered(gpus, DEADLINE_S)
+
+
+def test_xid_events_become_log_records_and_a_counter(nvml_run, helpers):
+    run = nvml_run(
+        two_gpus(
+            nvml_events=[
+                {"device": 0, "type": "xid", "data": 48, "after_registration": 1},
+                {"device": GPU_B, "type": "xid", "data": 94, "after_registration": 1},
+            ]
+        ),
+        helpers.settings(),
+    )
+    sink = attach(run)
+    registered_at = run.drv.now_us * 1000
+    start(run)
+    sink.wait_seen(2)
+    got = {rattrs(r)["hw.id"]: r for r in records(sink)}
+    a, b = got[GPU_A], got[GPU_B]
+    assert a.event_name == b.event_name == "nvidia.gpu.xid"
+    assert (a.severity_text, b.severity_text) == ("ERROR", "WARN")
+    assert a.time_unix_nano == 0  # nvmlEventSetWait_v2 gives no time
+    assert a.observed_time_unix_nano >= registered_at
+    attrs = rattrs(a)
+    assert attrs["hw.name"] == "gpu0" and attrs["hw.model"] == "NVIDIA H100 80GB HBM3"
+    assert attrs["hw.serial_number"] == "1654123000000" and attrs["hw.type"] == "gpu"
+    assert attrs["nvidia.gpu.xid.code"] == 48 and attrs["nvidia.gpu.event.data"] == 48
+    assert attrs["nvidia.gpu.xid.mnemonic"] == "ROBUST_CHANNEL_GPU_ECC_DBE"
+    assert "Xid 48 on gpu0" in a.body.string_value
+    assert rattrs(b)["nvidia.gpu.xid.immediate_action"] == "RESTART_APP"
+    run.cycle()
+    out = run.output()
+    a48 = out.one(names.MetricGPUEvents, hw__id=GPU_A)
+    assert a48.value == 1 and a48.attrs["nvidia.gpu.xid.code"] == 48
+    assert a48.attrs["nvidia.gpu.event.type"] == "xid" and a48.attrs["hw.name"] == "gpu0"
+    assert a48.start >= registered_at
+    assert out.one(names.MetricGPUEvents, hw__id=GPU_B).attrs["nvidia.gpu.xid.code"] == 94
+    assert run.drv.violations == []
+
+
+def test_unsupported_gpus_are_probed_once_per_session(nvml_run, helpers):
+    run = nvml_run("gb10", helpers.settings())
+    attach(run)
+    run.cycle(3)
+    listener = run.col.events
+    assert listener is not None and listener.wait_registered(0, DEADLINE_S)
+    assert run.calls("nvmlDeviceGetSupportedEventTypes") == 1
+    assert run.calls("nvmlDeviceRegisterEvents") == 0
+    assert run.tel.value("gpumetrics.events.registered_devices") == 0
+    assert run.errors(code="NOT_SUPPORTED") >= 1
+
+
+def test_only_configured_types_are_registered(nvml_run, helpers):
+    run = nvml_run(two_gpus(), helpers.settings())
+    sink = attach(run, types=["double_bit_ecc"])
+    start(run)
+    assert run.drv.emit_event(0, "xid", 13) == 0  # not registered for Xids
+    assert run.drv.emit_event(0, "double_bit_ecc") == 1
+    (event,) = sink.wait_seen(1)
+    assert event.type == "double_bit_ecc" and event.device_id == GPU_A
+
+
+def test_gpu_lost_during_the_wait_is_one_record_and_events_resume(nvml_run, helpers):
+    data = yaml.safe_load(sim.field_case_path("F11_gpu_lost_and_back").read_text())
+    for dev in data["devices"]:
+        dev["supported_events"] = ["xid"]
+    lost_uuid = data["devices"][1]["uuid"]
+    data["nvml_events"] = [
+        {"device": lost_uuid, "type": "xid", "data": 31, "after_registration": 2},
+    ]
+    run = nvml_run(data, helpers.settings(device_backoff_initial_s=2.0, device_backoff_max_s=2.0))
+    sink = attach(run)
+    start(run, gpus=len(data["devices"]))
+    run.cycle(2)  # cycles 2-3
+    run.cycle()  # cycle 4: the GPU falls off the bus, during the listener's wait
+    (lost,) = sink.wait_seen(1)
+    assert lost.type == "gpu_lost" and lost.device_id == lost_uuid
+    assert lost.reason == "GPU_IS_LOST"
+    run.cycle(3)  # cycles 5-7: still lost; the listener and the ticks both know
+    run.cycle()  # cycle 8: back under a new handle: registered again, the Xid 31 arrives
+    seen = sink.wait_seen(2)
+    assert [e.type for e in seen] == ["gpu_lost", "xid"]
+    assert seen[1].data == 31 and seen[1].device_id == lost_uuid
+    listener = run.col.events
+    assert listener is not None
+    # one set at start, one after the loss (the old one kept answering GPU_IS_LOST); the
+    # recovered GPU joined the second set, so no other GPU's queued event was lost to a third
+    assert listener.rebuilds == 2
+    recs = records(sink)
+    assert [r.event_name for r in recs] == ["nvidia.gpu.lost", "nvidia.gpu.xid"]
+    assert recs[0].severity_text == "FATAL" and "is lost" in recs[0].body.string_value
+    run.cycle()
+    out = run.output()
+    assert out.values(names.MetricGPUEvents, hw__id=lost_uuid, nvidia__gpu__event__type="gpu_lost")
+    assert (
+        out.values(names.MetricGPUEvents, hw__id=lost_uuid, nvidia__gpu__event__type="gpu_lost")[-1]
+        == 1
+    )
+    assert run.drv.violations == []
+
+
+def test_stop_frees_the_set_before_nvml_shutdown(nvml_run, helpers):
+    run = nvml_run(two_gpus(driver={"strict": True}), helpers.settings())
+    attach(run)
+    start(run)
+    assert run.col.stop(5.0)
+    assert run.calls("nvmlEventSetFree") == run.calls("nvmlEventSetCreate") >= 1
+    assert run.calls("nvmlShutdown") == 1
+    assert run.drv.violations == []  # no event_set_not_freed, no shutdown_during_call
+
+
+def test_release_frees_the_set_and_resume_registers_again(nvml_run, helpers):
+    data = two_gpus(driver={"strict": True})
+    run = nvml_run(data, helpers.settings())
+    sink = attach(run)
+    start(run)
+    assert run.col.release(5.0)
+    assert run.drv.init_count == 0 and run.drv.violations == []
+    run.col.resume()
+    run.cycle()
+    assert run.col.events is not None and run.col.events.wait_registered(2, DEADLINE_S)
+    assert run.drv.emit_event(1, "xid", 43) == 1
+    (event,) = sink.wait_seen(1)
+    assert event.device_id == GPU_B
+    assert run.col.stop(5.0) and run.drv.violations == []
+
+
+def test_a_library_failure_drops_the_set_and_a_new_session_registers(nvml_run, helpers):
+    data = two_gpus(
+        driver={"strict": True},
+        faults=[
+            {
+                "function": "nvmlDeviceGetPowerUsage",
+                "device": 0,
+                "code": "UNINITIALIZED",
+                "from_cycle": 3,
+                "calls": 1,
+            }
+        ],
+    )
+    run = nvml_run(data, helpers.settings(init_backoff_initial_s=1.0, init_backoff_max_s=1.0))
+    sink = attach(run)
+    start(run)
+    run.cycle()  # cycle 2
+    report = run.cycle()  # cycle 3: the library answers UNINITIALIZED: session down
+    assert not report.up
+    listener = run.col.events
+    assert listener is not None and listener.wait_idle(DEADLINE_S)
+    up = None
+    for _ in range(5):  # re-initialised once the listener left NVML (the shutdown waited)
+        up = run.cycle()
+        if up.up:
+            break
+    assert up is not None and up.up
+    assert listener.wait_registered(2, DEADLINE_S)
+    assert run.calls("nvmlInitWithFlags") == 2 and run.calls("nvmlShutdown") == 1
+    assert run.calls("nvmlEventSetCreate") >= 2
+    assert run.drv.emit_event(0, "xid", 13) == 1
+    sink.wait_seen(1)
+    assert run.drv.violations == []
+
+
+def test_a_storm_is_counted_in_full_and_logged_within_the_limit(nvml_run, helpers):
+    run = nvml_run(two_gpus(), helpers.settings())
+    sink = attach(run, storm_burst=5, storm_window_s=10.0)
+    start(run)
+    assert run.drv.emit_event(0, "xid", 13, count=10_000) == 1
+    sink.wait_seen(10_000, timeout_s=120)
+    first = records(sink)
+    assert len(first) == 5 and {rattrs(r)["nvidia.gpu.xid.code"] for r in first} == {13}
+    assert (
+        run.tel.value(
+            "gpumetrics.events.suppressed", {"nvidia.gpu.event.type": "xid", "reason": "storm"}
+        )
+        == 9_995
+    )
+    run.drv.advance(10.0)  # the storm window closes
+    (summary,) = records(sink)
+    assert summary.event_name == "nvidia.gpu.events.suppressed"
+    attrs = rattrs(summary)
+    assert attrs["nvidia.gpu.event.suppressed_count"] == 9_995
+    assert attrs["nvidia.gpu.xid.code"] == 13 and attrs["hw.id"] == GPU_A
+    assert "9995 more identical events" in summary.body.string_value
+    run.cycle()
+    assert run.output().one(names.MetricGPUEvents, hw__id=GPU_A).value == 10_000
+
+
+def test_mig_instance_events_are_attributed_to_the_instance(nvml_run, helpers):
+    data = yaml.safe_load(sim.profile_path("a100-mig").read_text())
+    device = data["devices"][0]
+    device["mig"]["privileged"] = True
+    instance = device["mig"]["instances"][1]
+    run = nvml_run(data, helpers.settings())
+    sink = attach(run)
+    start(run, gpus=1)
+    assert run.drv.emit_event(instance["uuid"], "xid", 43) == 1
+    assert run.drv.emit_event(0, "double_bit_ecc") == 1
+    mig_event, gpu_event = sink.wait_seen(2)
+    assert mig_event.device_id == instance["uuid"]
+    assert mig_event.gpu_instance_id == instance["gpu_instance_id"]
+    assert dict(mig_event.attributes)["hw.parent"] == device["uuid"]
+    assert gpu_event.device_id == device["uuid"] and gpu_event.gpu_instance_id is None
+    run.cycle()
+    out = run.output()
+    assert out.one(names.MetricGPUEvents, hw__id=instance["uuid"]).value == 1
+    assert run.calls("nvmlDeviceRegisterEvents") == 1  # the GPU only: no per-instance sets
+
+
+def test_a_driver_without_the_v2_wait_turns_events_off_once(nvml_run, helpers, caplog):
+    data = yaml.safe_load(sim.profile_path("old-driver-v100").read_text())
+    data["driver"]["profile"] = "440"
+    run = nvml_run(data, helpers.settings())
+    attach(run)
+    with caplog.at_level("WARNING", logger="gpumetrics.nvml"):
+        run.cycle()
+        listener = run.col.events
+        assert listener is not None
+        assert listener.wait_idle(DEADLINE_S)
+        run.cycle(2)
+        assert listener.wait_idle(DEADLINE_S)
+    off = [r for r in caplog.records if "GPU events are off" in r.getMessage()]
+    assert len(off) == 1 and "nvmlEventSetWait_v2" in off[0].getMessage()
+    assert run.calls("nvmlEventSetFree") == run.calls("nvmlEventSetCreate") == 1
+    assert len(run.output().find(names.MetricTemperature)) == 3 * 4  # metrics unaffected
+
+
+def test_disabled_counter_metric_keeps_the_logs(nvml_run, helpers):
+    run = nvml_run(two_gpus(), helpers.settings(disabled_metrics={names.MetricGPUEvents}))
+    sink = attach(run)
+    start(run)
+    run.drv.emit_event(0, "xid", 79)
+    sink.wait_seen(1)
+    run.cycle()
+    assert run.output().find(names.MetricGPUEvents) == []
+    assert [r.severity_text for r in records(sink)] == ["FATAL"]
+
+
+def test_profiles_with_events_register_every_gpu(nvml_run, helpers):
+    run = nvml_run("h100-8x-training", helpers.settings())
+    attach(run)
+    start(run, gpus=8)
+    mask = run.col.events
+    assert mask is not None
+    assert run.calls("nvmlDeviceRegisterEvents") == 8
