@@ -125,7 +125,8 @@ def assert_pipelines_consistent(path: Path, config: dict[str, Any]) -> None:
     assert not unknown, f"{path.name}: unknown top-level keys {unknown}"
     service = config["service"]
     for name, pipeline in service["pipelines"].items():
-        assert name.split("/")[0] in ("metrics", "profiles", "logs"), f"{path.name}: pipeline {name}"
+        signal = name.split("/")[0]
+        assert signal in ("metrics", "profiles", "logs"), f"{path.name}: pipeline {name}"
         for section in ("receivers", "processors", "exporters"):
             for component in pipeline.get(section, []):
                 assert component in config.get(section, {}), (

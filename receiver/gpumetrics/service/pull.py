@@ -122,6 +122,181 @@ def _clip(text: str, limit: int = 512) -> str:
     return repr(text[:limit]) + ("…" if len(text) > limit else "")
 
 
+class StorePull:
+    """One Pull against a :class:`~gpumetrics.store.BatchStore`, whatever the signal.
+
+    The core that ``MetricsPullService/Pull`` (:class:`PullServicer`) and
+    ``LogsPullService/PullLogs`` (:class:`~gpumetrics.service.logs_pull.LogsPullServicer`)
+    share: the request checks, the answer's reservation in the in-flight budget, the store call
+    with its errors mapped to gRPC codes, taking a failed delivery back, and the consumer's
+    reported outcome. Each servicer maps its own request fields in and encodes its own answer.
+
+    Args:
+        store: the batch store.
+        telemetry: counts ``gpumetrics.pull.rejected_points{consumer[, signal]}`` (what consumers
+            report in ``previous_outcome``) and ``gpumetrics.pull.budget_refusals``.
+        default_max_bytes: answer size cap when the request says 0 (By).
+        max_bytes_limit: upper bound on any requested ``max_bytes`` (By); a larger request is
+            clamped to it.
+        reserved_consumers: consumer names refused with INVALID_ARGUMENT.
+        budget: the server's budget of answers in flight (shared by every signal's servicer).
+        signal: ``None`` for metrics, else the ``signal`` attribute of its telemetry (``logs``).
+        unit: what the store's points are, for logs (``data points``, ``GPU event records``).
+        rejected_field: the ``previous_outcome`` field that counts rejected points.
+        empty_is_unavailable: answer UNAVAILABLE while the store has never held a batch (true
+            for metrics: a first collection always comes; a node may have no event for days).
+
+    """
+
+    def __init__(
+        self,
+        store: BatchStore,
+        telemetry: SelfTelemetry = NO_TELEMETRY,
+        default_max_bytes: int = DEFAULT_PULL_MAX_BYTES,
+        max_bytes_limit: int | None = None,
+        reserved_consumers: Collection[str] = RESERVED_CONSUMERS,
+        budget: InflightBudget | None = None,
+        *,
+        signal: str | None = None,
+        unit: str = "data points",
+        rejected_field: str = "rejected_data_points",
+        empty_is_unavailable: bool = True,
+    ) -> None:
+        self.store = store
+        self._telemetry = telemetry
+        self._default_max_bytes = default_max_bytes
+        self._max_bytes_limit = max_bytes_limit or default_max_bytes
+        self._reserved = frozenset(reserved_consumers)
+        self.budget = budget or InflightBudget(DEFAULT_PULL_INFLIGHT_BYTES)
+        self._signal = signal
+        self._unit = unit
+        self._rejected_field = rejected_field
+        self._empty_is_unavailable = empty_is_unavailable
+
+    def _labels(self, consumer: str) -> dict[str, str]:
+        labels = {"consumer": consumer}
+        if self._signal is not None:
+            labels["signal"] = self._signal
+        return labels
+
+    def serve(
+        self,
+        context: Any,
+        request: Any,
+        *,
+        max_points: int,
+    ) -> PullResult:
+        """Validate ``request``, acknowledge and read the store; return the answer to encode.
+
+        ``request`` has the fields every pull request shares (``consumer``, ``ack_sequence``,
+        ``ack_epoch``, ``max_bytes``, ``ack_only``, ``read_after_sequence``,
+        ``previous_outcome``); ``max_points`` is its point cap (0 = none).
+
+        Raises (through ``context.abort``): INVALID_ARGUMENT naming the field, UNAVAILABLE
+        (nothing stored yet, or the in-flight budget is used up), RESOURCE_EXHAUSTED (too many
+        consumers).
+        """
+        try:
+            consumer = validate_consumer(request.consumer)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if consumer in self._reserved:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"consumer: {consumer!r} is reserved for the sidecar's own exporter",
+            )
+        outcome = request.previous_outcome
+        rejected = getattr(outcome, self._rejected_field)
+        if rejected < 0:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"previous_outcome.{self._rejected_field}: must be >= 0, got {rejected}",
+            )
+        if self._empty_is_unavailable and self.store.last_sequence == 0:
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE, "no collection has been stored yet; retry later"
+            )
+        want = min(request.max_bytes or self._default_max_bytes, self._max_bytes_limit)
+        reserved = 0
+        if not request.ack_only:
+            # the first batch is sent even when alone larger than `want`: reserve for it too
+            batch = self.store.max_batch_bytes
+            reserved = self.budget.reserve(max(want, batch), at_least=batch)
+            if not reserved:
+                self._telemetry.add("gpumetrics.pull.budget_refusals", 1, self._labels(consumer))
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"answers in flight use the whole pull budget ({self.budget.limit} bytes, "
+                    "server.pull_inflight_bytes); retry later",
+                )
+            want = min(want, reserved)
+        try:
+            result = self.store.pull(
+                consumer,
+                ack_sequence=request.ack_sequence,
+                ack_epoch=request.ack_epoch,
+                max_points=max_points,
+                max_bytes=want,
+                ack_only=request.ack_only,
+                read_after_sequence=request.read_after_sequence,
+            )
+        except TooManyConsumersError as exc:
+            self.budget.release(reserved)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except ValueError as exc:
+            self.budget.release(reserved)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        held = result.size
+        self.budget.release(reserved - held)
+        self._settle_when_done(context, result, held)
+        self._record_outcome(consumer, outcome, rejected)
+        if result.dropped_data_points:
+            log.warning(
+                "consumer %r lost %d %s before acknowledging them (store limits: %s)",
+                consumer,
+                result.dropped_data_points,
+                self._unit,
+                ", ".join(result.drop_reasons),
+            )
+        return result
+
+    def _settle_when_done(self, context: Any, result: PullResult, held: int) -> None:
+        """When the call ends: give back the answer's budget; take the delivery back if failed."""
+
+        def done() -> None:
+            self.budget.release(held)
+            if _call_failed(context) and self.store.undo_pull(result):
+                log.info(
+                    "the answer to a Pull (batches %d..%d) did not reach its consumer; "
+                    "it will be sent again",
+                    result.first_sequence,
+                    result.last_sequence,
+                )
+
+        if not context.add_callback(done):  # the call has already ended
+            self.budget.release(held)
+            self.store.undo_pull(result)
+
+    def _record_outcome(self, consumer: str, outcome: Any, rejected: int) -> None:
+        if rejected > 0:
+            self._telemetry.add("gpumetrics.pull.rejected_points", rejected, self._labels(consumer))
+            log.warning(
+                "consumer %r: its pipeline rejected %d %s of the answer ending at sequence %d: %s",
+                consumer,
+                rejected,
+                self._unit,
+                outcome.last_sequence,
+                _clip(outcome.error_message),
+            )
+        elif outcome.error_message:
+            log.info(
+                "consumer %r reported a warning for the answer ending at sequence %d: %s",
+                consumer,
+                outcome.last_sequence,
+                _clip(outcome.error_message),
+            )
+
+
 class PullServicer:
     """Serves :class:`~gpumetrics.store.BatchStore` batches over ``MetricsPullService/Pull``.
 
@@ -151,13 +326,15 @@ class PullServicer:
         reserved_consumers: Collection[str] = RESERVED_CONSUMERS,
         budget: InflightBudget | None = None,
     ) -> None:
-        self._store = store
-        self._telemetry = telemetry
-        self._default_max_bytes = default_max_bytes
-        self._max_bytes_limit = max_bytes_limit or default_max_bytes
+        self._core = StorePull(
+            store, telemetry, default_max_bytes, max_bytes_limit, reserved_consumers, budget
+        )
         self._default_max_points = default_max_points
-        self._reserved = frozenset(reserved_consumers)
-        self.budget = budget or InflightBudget(DEFAULT_PULL_INFLIGHT_BYTES)
+
+    @property
+    def budget(self) -> InflightBudget:
+        """The in-flight budget this servicer's answers reserve from."""
+        return self._core.budget
 
     def Pull(self, request: pull_pb2.PullRequest, context: Any) -> bytes:  # noqa: N802
         """Acknowledge, then answer with the batches after the read position.
@@ -169,105 +346,7 @@ class PullServicer:
             The serialized ``PullResponse`` (:func:`encode_pull_response`).
 
         """
-        try:
-            consumer = validate_consumer(request.consumer)
-        except ValueError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if consumer in self._reserved:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"consumer: {consumer!r} is reserved for the sidecar's own exporter",
-            )
-        outcome = request.previous_outcome
-        if outcome.rejected_data_points < 0:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "previous_outcome.rejected_data_points: must be >= 0, "
-                f"got {outcome.rejected_data_points}",
-            )
-        if self._store.last_sequence == 0:
-            context.abort(
-                grpc.StatusCode.UNAVAILABLE, "no collection has been stored yet; retry later"
-            )
-        want = min(request.max_bytes or self._default_max_bytes, self._max_bytes_limit)
-        reserved = 0
-        if not request.ack_only:
-            # the first batch is sent even when alone larger than `want`: reserve for it too
-            batch = self._store.max_batch_bytes
-            reserved = self.budget.reserve(max(want, batch), at_least=batch)
-            if not reserved:
-                self._telemetry.add("gpumetrics.pull.budget_refusals", 1, {"consumer": consumer})
-                context.abort(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"answers in flight use the whole pull budget ({self.budget.limit} bytes, "
-                    "server.pull_inflight_bytes); retry later",
-                )
-            want = min(want, reserved)
-        try:
-            result = self._store.pull(
-                consumer,
-                ack_sequence=request.ack_sequence,
-                ack_epoch=request.ack_epoch,
-                max_points=request.max_data_points or self._default_max_points,
-                max_bytes=want,
-                ack_only=request.ack_only,
-                read_after_sequence=request.read_after_sequence,
-            )
-        except TooManyConsumersError as exc:
-            self.budget.release(reserved)
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except ValueError as exc:
-            self.budget.release(reserved)
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        held = result.size
-        self.budget.release(reserved - held)
-        self._settle_when_done(context, result, held)
-        self._record_outcome(consumer, request.previous_outcome)
-        if result.dropped_data_points:
-            log.warning(
-                "consumer %r lost %d data points before acknowledging them (store limits: %s)",
-                consumer,
-                result.dropped_data_points,
-                ", ".join(result.drop_reasons),
-            )
+        result = self._core.serve(
+            context, request, max_points=request.max_data_points or self._default_max_points
+        )
         return encode_pull_response(result)
-
-    def _settle_when_done(self, context: Any, result: PullResult, held: int) -> None:
-        """When the call ends: give back the answer's budget; take the delivery back if failed."""
-
-        def done() -> None:
-            self.budget.release(held)
-            if _call_failed(context) and self._store.undo_pull(result):
-                log.info(
-                    "the answer to a Pull (batches %d..%d) did not reach its consumer; "
-                    "it will be sent again",
-                    result.first_sequence,
-                    result.last_sequence,
-                )
-
-        if not context.add_callback(done):  # the call has already ended
-            self.budget.release(held)
-            self._store.undo_pull(result)
-
-    def _record_outcome(self, consumer: str, outcome: pull_pb2.PreviousOutcome) -> None:
-        if outcome.rejected_data_points > 0:
-            self._telemetry.add(
-                "gpumetrics.pull.rejected_points",
-                outcome.rejected_data_points,
-                {"consumer": consumer},
-            )
-            log.warning(
-                "consumer %r: its pipeline rejected %d data points of the answer ending at "
-                "sequence %d: %s",
-                consumer,
-                outcome.rejected_data_points,
-                outcome.last_sequence,
-                _clip(outcome.error_message),
-            )
-        elif outcome.error_message:
-            log.info(
-                "consumer %r reported a warning for the answer ending at sequence %d: %s",
-                consumer,
-                outcome.last_sequence,
-                _clip(outcome.error_message),
-            )

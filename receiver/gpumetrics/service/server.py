@@ -142,12 +142,13 @@ class SidecarServer:
         self._credentials = server_credentials(settings)
         self._lock = threading.Lock()
         self._started = self._stopped = False
+        budget = InflightBudget(settings.pull_inflight_bytes)  # shared by every signal
         pull = self.pull = PullServicer(
             store,
             telemetry,
             default_max_bytes=settings.pull_default_max_bytes,
             max_bytes_limit=settings.pull_max_bytes,
-            budget=InflightBudget(settings.pull_inflight_bytes),
+            budget=budget,
         )
         profiler = ProfilerServicer(declared, telemetry, settings.max_declarations_per_request)
 
@@ -159,7 +160,8 @@ class SidecarServer:
                 logs_store,
                 telemetry,
                 default_max_bytes=settings.pull_default_max_bytes,
-                max_bytes_limit=settings.max_send_message_bytes - ENVELOPE_BYTES,
+                max_bytes_limit=settings.pull_max_bytes,
+                budget=budget,
             )
             logs_pull_pb2_grpc.add_LogsPullServiceServicer_to_server(logs, self._main.server)
             self._main.services.append(LOGS_PULL_SERVICE)
