@@ -28,10 +28,11 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// EnvironmentVariable is one captured environment variable of the process (only OTEL_* are kept).
+// EnvironmentVariable is one captured environment variable of the process: any name the
+// profiler captures (its include_env_vars / -env-vars), without '=' or NUL.
 type EnvironmentVariable struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Variable name, e.g. OTEL_SERVICE_NAME.
+	// Variable name, e.g. OTEL_SERVICE_NAME or CUDA_VISIBLE_DEVICES.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Raw value bytes as found in /proc/<pid>/environ (may be invalid UTF-8).
 	Value         []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
@@ -94,10 +95,14 @@ type ProcessDeclaration struct {
 	// The OTEP 4719 process context payload as captured from the process's OTEL_CTX mapping: a
 	// serialized opentelemetry.proto.processcontext.v1development.ProcessContext. Empty if none.
 	ProcessContext []byte `protobuf:"bytes,3,opt,name=process_context,json=processContext,proto3" json:"process_context,omitempty"`
-	// The process's OTEL_* environment as captured (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES).
+	// The environment variables the profiler captured (e.g. OTEL_SERVICE_NAME,
+	// OTEL_RESOURCE_ATTRIBUTES: the process.environment_variable.* attributes of its profiles).
+	// Used in the sidecar's enriched identity mode; in profiler mode profiler_resource is used.
 	Environment []*EnvironmentVariable `protobuf:"bytes,4,rep,name=environment,proto3" json:"environment,omitempty"`
-	// The attributes the profiler itself puts on this process's profiles (container.id, k8s.*,
-	// APM service.name, ...): a serialized opentelemetry.proto.resource.v1.Resource.
+	// The resource the profiler puts on this process's profiles (process.pid, process.executable.*,
+	// container.id, process.environment_variable.*, k8s.*, APM service.name, ...), exactly as the
+	// profiles reach the declaring component: a serialized opentelemetry.proto.resource.v1.Resource.
+	// In the sidecar's default (profiler) identity mode it becomes the process's GPU resource as is.
 	ProfilerResource []byte `protobuf:"bytes,5,opt,name=profiler_resource,json=profilerResource,proto3" json:"profiler_resource,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
