@@ -22,15 +22,15 @@ import enum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpumetrics.events import EventSettings
-from gpumetrics.identity.declared import DeclaredStore
+from gpumetrics.events.settings import EventSettings
+from gpumetrics.identity import limits as _declared
 from gpumetrics.identity.modes import IdentityMode, validate_env_var_names
 from gpumetrics.kubernetes.settings import KubernetesSettings
 from gpumetrics.nvml.settings import CollectionSettings
-from gpumetrics.service.push import PushSettings
+from gpumetrics.service.push_settings import PushSettings
 from gpumetrics.service.settings import ServerSettings
-from gpumetrics.store import StoreLimits
 from gpumetrics.store import limits as _limits
+from gpumetrics.store.limits import StoreLimits
 
 __all__ = [
     "RESOURCE_ENVELOPE_BYTES",
@@ -74,16 +74,8 @@ class StoreSettings(BaseModel):
         return StoreLimits(**self.model_dump())
 
 
-def _declared_default(name: str) -> int:
-    import inspect
-
-    default = inspect.signature(DeclaredStore.__init__).parameters[name].default
-    assert isinstance(default, int)
-    return default
-
-
 class DeclaredLimits(BaseModel):
-    """Limits of the declared-process store (``identity.declared``); defaults are DeclaredStore's.
+    """Limits of the declared-process store (``identity.declared``; defaults: ``identity.limits``).
 
     Attributes:
         max_processes: processes held at once.
@@ -97,15 +89,15 @@ class DeclaredLimits(BaseModel):
 
     model_config = _STRICT
 
-    max_processes: int = Field(default=_declared_default("max_processes"), ge=1)
+    max_processes: int = Field(default=_declared.DEFAULT_MAX_PROCESSES, ge=1)
     max_process_context_bytes: int = Field(
-        default=_declared_default("max_process_context_bytes"), ge=1
+        default=_declared.DEFAULT_MAX_PROCESS_CONTEXT_BYTES, ge=1
     )
-    max_environment_bytes: int = Field(default=_declared_default("max_environment_bytes"), ge=1)
+    max_environment_bytes: int = Field(default=_declared.DEFAULT_MAX_ENVIRONMENT_BYTES, ge=1)
     max_profiler_resource_bytes: int = Field(
-        default=_declared_default("max_profiler_resource_bytes"), ge=1
+        default=_declared.DEFAULT_MAX_PROFILER_RESOURCE_BYTES, ge=1
     )
-    max_bytes: int = Field(default=_declared_default("max_bytes"), ge=1)
+    max_bytes: int = Field(default=_declared.DEFAULT_MAX_BYTES, ge=1)
 
 
 class IdentitySettings(BaseModel):

@@ -46,6 +46,13 @@ from gpumetrics.identity.declaration import (
     validate_start_time,
 )
 from gpumetrics.identity.footprint import declared_bytes
+from gpumetrics.identity.limits import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_ENVIRONMENT_BYTES,
+    DEFAULT_MAX_PROCESS_CONTEXT_BYTES,
+    DEFAULT_MAX_PROCESSES,
+    DEFAULT_MAX_PROFILER_RESOURCE_BYTES,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +80,6 @@ class DeclaredStoreStats:
     max_bytes: int = 0
     rejected_bytes: int = 0
     """Declarations rejected because they did not fit ``max_bytes`` (part of ``rejected``)."""
-
-
-DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-"""Default ``max_bytes``: 64 MiB of decoded declarations (about 20,000 typical ones of ~3 KiB,
-or 40 with every field at its 64 KiB limit)."""
 
 
 @dataclass(slots=True)
@@ -137,11 +139,11 @@ class DeclaredStore:
 
     def __init__(
         self,
-        max_processes: int = 100_000,
-        max_process_context_bytes: int = 65536,
-        max_environment_bytes: int = 65536,
+        max_processes: int = DEFAULT_MAX_PROCESSES,
+        max_process_context_bytes: int = DEFAULT_MAX_PROCESS_CONTEXT_BYTES,
+        max_environment_bytes: int = DEFAULT_MAX_ENVIRONMENT_BYTES,
         *,
-        max_profiler_resource_bytes: int = 65536,
+        max_profiler_resource_bytes: int = DEFAULT_MAX_PROFILER_RESOURCE_BYTES,
         pid_max: int = PID_MAX_LIMIT,
         clock: Callable[[], int] = time.time_ns,
         start_time_reader: StartTimeReader | None = None,

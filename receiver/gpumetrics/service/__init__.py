@@ -20,10 +20,11 @@ from gpumetrics.service.names import (
     REFLECTION_V1_SERVICE,
 )
 from gpumetrics.service.profiler import DECLARER_METADATA_KEY, DeclaredStoreAPI, ProfilerServicer
-from gpumetrics.service.pull import DEFAULT_PULL_MAX_BYTES, PullServicer
+from gpumetrics.service.pull import PullServicer
 from gpumetrics.service.server import BoundAddresses, ListenError, SidecarServer
 from gpumetrics.service.settings import (
     DEFAULT_LISTEN,
+    DEFAULT_PULL_MAX_BYTES,
     ListenAddress,
     ServerSettings,
     parse_listen_address,

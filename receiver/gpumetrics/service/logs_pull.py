@@ -14,7 +14,8 @@ from typing import Any
 
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 from gpumetrics.service.inflight import InflightBudget
-from gpumetrics.service.pull import DEFAULT_PULL_MAX_BYTES, RESERVED_CONSUMERS, StorePull
+from gpumetrics.service.pull import RESERVED_CONSUMERS, StorePull
+from gpumetrics.service.settings import DEFAULT_PULL_MAX_BYTES
 from gpumetrics.store import BatchStore
 from gpumetrics.v1 import logs_pull_pb2, logs_pull_pb2_grpc
 

@@ -36,15 +36,13 @@ from typing import Any, Protocol
 import grpc
 
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
+from gpumetrics.service.settings import DEFAULT_MAX_ENTRIES
 from gpumetrics.v1 import profiler_pb2, profiler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 DECLARER_METADATA_KEY = "gpumetrics-declarer"
 """gRPC metadata key naming the declaring agent (optional)."""
-
-DEFAULT_MAX_ENTRIES = 4096
-"""Default ``max_entries``: declarations or exits per unary request."""
 
 _DECLARER_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 _INDEX_RE = re.compile(r"\[\d+\]")

@@ -34,8 +34,11 @@ import grpc
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 from gpumetrics.service.inflight import InflightBudget
 from gpumetrics.service.names import PULL_SERVICE
+from gpumetrics.service.settings import (
+    DEFAULT_PULL_INFLIGHT_BYTES,
+    DEFAULT_PULL_MAX_BYTES,
+)
 from gpumetrics.store import BatchStore, PullResult, TooManyConsumersError, validate_consumer
-from gpumetrics.store.limits import DEFAULT_MAX_BATCH_BYTES
 from gpumetrics.v1 import pull_pb2
 from gpumetrics.wire import varint
 
@@ -44,16 +47,6 @@ log = logging.getLogger(__name__)
 RESERVED_CONSUMERS = frozenset({"push"})
 """Store consumers the sidecar uses itself (the push exporter's ``PUSH_CONSUMER``): a remote Pull
 may not name them, or it would move (and acknowledge for) their cursor."""
-
-DEFAULT_PULL_MAX_BYTES = DEFAULT_MAX_BATCH_BYTES
-"""Answer size when a request leaves ``max_bytes`` at 0: 4 MiB minus 64 KiB of envelope, so a
-response fits the 4 MiB default receive limit of gRPC clients (grpc-go, grpcio)."""
-
-DEFAULT_PULL_MAX_ANSWER_BYTES = 16 * 1024 * 1024
-"""Default cap on any answer (``server.pull_max_bytes``): a request asking more gets this."""
-
-DEFAULT_PULL_INFLIGHT_BYTES = 32 * 1024 * 1024
-"""Default budget of answers in flight at once (``server.pull_inflight_bytes``)."""
 
 _CANCELLED = "cancelled"  # grpcio's _server._CANCELLED: the client end of a call that failed
 

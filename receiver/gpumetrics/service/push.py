@@ -44,16 +44,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import grpc
 from google.rpc import error_details_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpumetrics.logs import LogOnce
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
+from gpumetrics.service.push_settings import PushSettings
 
 __all__ = [
     "LOGS",
@@ -143,54 +143,6 @@ LOGS = Signal(
     "log records",
 )
 """OTLP ``LogsService.Export`` of the log store (GPU events)."""
-
-
-class PushSettings(BaseModel):
-    """Push exporter settings (YAML section ``push``). Push is off while ``endpoint`` is unset.
-
-    Attributes:
-        endpoint: collector OTLP/gRPC address, ``host:port`` or ``unix:/path``; None = no push.
-        insecure: plaintext instead of TLS.
-        ca_file / cert_file / key_file: PEM files: trusted roots, and the client certificate and
-            key for mTLS (both or neither).
-        headers: gRPC metadata sent with every export (keys are lower-cased).
-        compression: ``none`` or ``gzip``.
-        timeout_s: one deadline (s) for an export including all its retries.
-        interval_s: how often (s) the store is drained.
-        initial_backoff_s: first back-off (s), doubled per attempt, jittered ±20 %.
-        max_points_per_export / max_bytes_per_export: caps of one Export request (a single
-            larger batch is still sent alone); bytes default to 3.5 MiB, under the 4 MiB receive
-            limit most collectors keep.
-
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    endpoint: str | None = None
-    insecure: bool = False
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
-    compression: Literal["none", "gzip"] = "none"
-    timeout_s: float = Field(default=10.0, gt=0)
-    interval_s: float = Field(default=10.0, gt=0)
-    initial_backoff_s: float = Field(default=1.0, gt=0)
-    max_points_per_export: int = Field(default=50_000, gt=0)
-    max_bytes_per_export: int = Field(default=3_670_016, gt=0)
-
-    @model_validator(mode="after")
-    def _check(self) -> PushSettings:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file: must be set together with key_file")
-        if self.insecure and (self.ca_file or self.cert_file):
-            raise ValueError("insecure: cannot be combined with ca_file/cert_file/key_file")
-        if self.endpoint is not None and not self.endpoint.strip():
-            raise ValueError("endpoint: must not be empty (leave it unset to disable push)")
-        for key in self.headers:
-            if not key or key != key.strip() or any(c.isspace() for c in key):
-                raise ValueError(f"headers: invalid header name {key!r}")
-        return self
 
 
 class ExportResult(enum.Enum):

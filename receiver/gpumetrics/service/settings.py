@@ -24,12 +24,20 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpumetrics.service.profiler import DEFAULT_MAX_ENTRIES
-from gpumetrics.service.pull import (
-    DEFAULT_PULL_INFLIGHT_BYTES,
-    DEFAULT_PULL_MAX_ANSWER_BYTES,
-    DEFAULT_PULL_MAX_BYTES,
-)
+from gpumetrics.store.limits import DEFAULT_MAX_BATCH_BYTES
+
+DEFAULT_PULL_MAX_BYTES = DEFAULT_MAX_BATCH_BYTES
+"""Answer size when a request leaves ``max_bytes`` at 0: 4 MiB minus 64 KiB of envelope, so a
+response fits the 4 MiB default receive limit of gRPC clients (grpc-go, grpcio)."""
+
+DEFAULT_PULL_MAX_ANSWER_BYTES = 16 * 1024 * 1024
+"""Default cap on any answer (``server.pull_max_bytes``): a request asking more gets this."""
+
+DEFAULT_PULL_INFLIGHT_BYTES = 32 * 1024 * 1024
+"""Default budget of answers in flight at once (``server.pull_inflight_bytes``)."""
+
+DEFAULT_MAX_ENTRIES = 4096
+"""Default ``max_declarations_per_request``: declarations or exits per unary request."""
 
 DEFAULT_LISTEN = "127.0.0.1:4319"
 """Default pull listener: loopback only (4317/4318 are OTLP's; 4319 is next to them)."""
