@@ -4,7 +4,9 @@ The symbol history (NVML API reference, https://docs.nvidia.com/deploy/nvml-api/
 drivers' ``nvml.h``): the process calls' ``_v2``/``_v3`` versions (after nvitop PRs #89/#94 and
 gpustat's notes), ``nvmlDeviceGetProcessesUtilizationInfo`` from ~R550,
 ``nvmlDeviceGetMemoryInfo_v2`` from ~R510, ``…ClocksEventReasons`` from R535 and
-``nvmlDeviceGetTemperatureV`` from ~R570, plus the field cases F01–F06 (README).
+``nvmlDeviceGetTemperatureV`` from ~R570, the GPM calls from R520 (the R525 reference is the
+first to list them), ``nvmlDeviceGetRemappedRows`` and the per-fan calls from R450, plus the field
+cases F01–F06 (README).
 
 A symbol missing from a profile is *absent from the simulated library object*, so
 nvidia-ml-py's ``getattr`` fails and it raises ``NVMLError_FunctionNotFound`` (or
@@ -62,6 +64,13 @@ _READINGS = {
     "nvmlDeviceGetSamples",
     "nvmlDeviceGetProcessUtilization",
     "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetBAR1MemoryInfo",
+    "nvmlDeviceGetViolationStatus",
+    "nvmlDeviceGetEncoderStats",
+    "nvmlDeviceGetPowerManagementDefaultLimit",
+    "nvmlDeviceGetPowerManagementLimitConstraints",
 }
 _PROC_V1 = {"nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"}
 _MPS_V1 = {"nvmlDeviceGetMPSComputeRunningProcesses"}
@@ -90,6 +99,15 @@ _DETAIL_LIST = {"nvmlDeviceGetRunningProcessDetailList"}
 _EVENT_REASONS = {"nvmlDeviceGetCurrentClocksEventReasons"}
 _PROC_UTIL_INFO = {"nvmlDeviceGetProcessesUtilizationInfo"}
 _TEMP_V = {"nvmlDeviceGetTemperatureV"}
+_R450 = {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetNumFans", "nvmlDeviceGetFanSpeed_v2"}
+_GPM = {
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleFree",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMigSampleGet",
+    "nvmlGpmMetricsGet",
+}
 
 #: Every symbol the simulated library implements.
 ALL_SYMBOLS: frozenset[str] = frozenset(
@@ -108,6 +126,8 @@ ALL_SYMBOLS: frozenset[str] = frozenset(
     | _EVENT_REASONS
     | _PROC_UTIL_INFO
     | _TEMP_V
+    | _R450
+    | _GPM
 )
 
 
@@ -167,15 +187,16 @@ DRIVER_PROFILES: dict[str, DriverProfile] = {
             "440",
             "440.33.01",
             10020,
-            _NEWER_THAN_470 | _MIG | _PROC_V2 | _MPS_V1,
-            "only the unversioned 16-byte process symbols (F02, F04); no MIG, no memory v2",
+            _NEWER_THAN_470 | _MIG | _PROC_V2 | _MPS_V1 | _R450 | _GPM,
+            "only the unversioned 16-byte process symbols (F02, F04); no MIG, no memory v2, "
+            "no GPM, no remapped rows or per-fan calls",
         ),
         _p(
             "470",
             "470.256.02",
             11040,
-            set(_NEWER_THAN_470),
-            "`_v2` process symbols but no `_v3` (F04); no memory v2 (from ~R510)",
+            _NEWER_THAN_470 | _GPM,
+            "`_v2` process symbols but no `_v3` (F04); no memory v2 (from ~R510), no GPM",
         ),
         _p(
             "525",

@@ -7,7 +7,9 @@ profile decides which of them the simulated library exports.
 from __future__ import annotations
 
 from nvmlsim.symbols import (
+    board,
     fieldvalues,
+    gpm,
     identity,
     memory,
     mig,
@@ -33,6 +35,8 @@ _MODULES = (
     procutil,
     mig,
     fieldvalues,
+    gpm,
+    board,
 )
 
 
