@@ -123,6 +123,7 @@ class DeviceCalls:
         missing_level: int = logging.WARNING,
         fallback: bool = False,
         retry_codes: frozenset[int] = frozenset(),
+        unsupported_level: int = logging.INFO,
         **kwargs: Any,
     ) -> T:
         """Call ``fn(*args, **kwargs)`` through the gate.
@@ -137,6 +138,8 @@ class DeviceCalls:
                 are logged at INFO and do not degrade the device.
             retry_codes: return codes the caller retries (INSUFFICIENT_SIZE): raised without
                 counting or logging; the caller calls :meth:`record` if it gives up.
+            unsupported_level: log level for NOT_SUPPORTED (DEBUG when the caller logs one
+                line for several capabilities of one call, e.g. each violation policy).
             **kwargs: keyword arguments for ``fn``.
 
         Returns:
@@ -159,7 +162,7 @@ class DeviceCalls:
             result = query(function, fn, *args, **kwargs)
         except QueryError as err:
             if err.code not in retry_codes:
-                self._failed(cap, err, missing_level, fallback)
+                self._failed(cap, err, missing_level, fallback, unsupported_level)
             raise
         finally:
             with self._flight_lock:
@@ -182,7 +185,14 @@ class DeviceCalls:
         """Count and log a failure the caller held back (a retried call that never succeeded)."""
         self._failed(err.function, err, logging.WARNING, False)
 
-    def _failed(self, cap: str, err: QueryError, missing_level: int, fallback: bool) -> None:
+    def _failed(
+        self,
+        cap: str,
+        err: QueryError,
+        missing_level: int,
+        fallback: bool,
+        unsupported_level: int = logging.INFO,
+    ) -> None:
         kind = err.kind
         if kind is ErrorKind.NOT_FOUND and not err.lifecycle:
             return
@@ -194,7 +204,7 @@ class DeviceCalls:
         if kind in _DISABLING:
             self._disabled[cap] = kind
             level = {
-                ErrorKind.UNSUPPORTED: logging.INFO,
+                ErrorKind.UNSUPPORTED: unsupported_level,
                 ErrorKind.FUNCTION_MISSING: missing_level,
             }.get(kind, logging.WARNING)
             self._log_once(

@@ -23,7 +23,10 @@ class CollectionSettings(BaseModel):
     - ``pcie_interval_s`` (10.0): PCIe throughput. Each ``nvmlDeviceGetPcieThroughput`` call
       blocks about 20 ms by design (NVML API reference), 40 ms per GPU per read, so it is
       read on a slow cadence; 0 disables it.
-    - ``errors_interval_s`` (10.0): volatile ECC counts (``hw.errors``); 0 disables them.
+    - ``errors_interval_s`` (10.0): error and health counters: volatile ECC counts and NVLink
+      link errors (``hw.errors``), NVLink link state (``hw.network.up``), violation time,
+      remapped rows and retired pages; 0 disables them. All are cumulative (or slow to change),
+      so the slow cadence loses nothing.
     - ``mig_interval_s`` (30.0): re-enumeration of MIG instances (also done at once after a MIG
       handle goes stale).
 
