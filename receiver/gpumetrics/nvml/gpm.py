@@ -43,16 +43,6 @@ from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.device import Device
 from gpumetrics.nvml.query import QueryError, code_name, query
 
-GPM_SYMBOLS = (
-    "nvmlGpmQueryDeviceSupport",
-    "nvmlGpmSampleAlloc",
-    "nvmlGpmSampleFree",
-    "nvmlGpmSampleGet",
-    "nvmlGpmMigSampleGet",
-    "nvmlGpmMetricsGet",
-)
-"""The GPM C symbols the collector uses (probed at init; a driver without them: no GPM)."""
-
 SUPPORT = "nvmlGpmQueryDeviceSupport"
 SAMPLE = "nvmlGpmSampleGet"
 MIG_SAMPLE = "nvmlGpmMigSampleGet"

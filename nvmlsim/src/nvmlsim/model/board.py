@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from nvmlsim.model.values import Dyn, Strict
+from nvmlsim.model.values import Dyn, Strict, named_keys
 
 __all__ = [
     "GPM_METRIC_MAX",
@@ -40,28 +40,12 @@ GPM_PERCENT_IDS = frozenset(range(1, 20)) | frozenset(range(30, 60))
 
 
 def _gpm_ids(value: object) -> object:
-    """Map ``SM_UTIL`` / ``NVML_GPM_METRIC_SM_UTIL`` / ``2`` keys to metric ids."""
-    if not isinstance(value, dict):
-        return value
-    import pynvml
-
-    out: dict[object, object] = {}
-    for key, item in value.items():
-        if isinstance(key, str) and not key.isdigit():
-            name = key.upper()
-            name = name if name.startswith("NVML_GPM_METRIC_") else f"NVML_GPM_METRIC_{name}"
-            number = getattr(pynvml, name, None)
-            if not isinstance(number, int):
-                raise ValueError(
-                    f"unknown GPM metric {key!r} (use a number or an NVML_GPM_METRIC_* name)"
-                )
-            key = number
-        key = int(key) if isinstance(key, str) else key
-        if not isinstance(key, int) or not 1 <= key < GPM_METRIC_MAX:
-            raise ValueError(f"GPM metric id {key!r} must be 1..{GPM_METRIC_MAX - 1}")
-        if key in out:
-            raise ValueError(f"GPM metric {key} is given twice")
-        out[key] = item
+    """Map ``SM_UTIL`` / ``NVML_GPM_METRIC_SM_UTIL`` / ``2`` keys to metric ids 1..97."""
+    out = named_keys(value, "NVML_GPM_METRIC_", "NVML_GPM_METRIC_", "GPM metric")
+    if isinstance(out, dict):
+        bad = [k for k in out if not isinstance(k, int) or not 1 <= k < GPM_METRIC_MAX]
+        if bad:
+            raise ValueError(f"GPM metric ids {bad} must be 1..{GPM_METRIC_MAX - 1}")
     return out
 
 

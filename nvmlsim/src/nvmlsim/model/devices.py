@@ -21,7 +21,7 @@ from nvmlsim.model.board import (
     RetiredPages,
     Violations,
 )
-from nvmlsim.model.values import Code, Dyn, RawBytes, Strict, ValueType, Window
+from nvmlsim.model.values import Code, Dyn, RawBytes, Strict, ValueType, Window, named_keys
 
 __all__ = [
     "Memory",
@@ -310,24 +310,7 @@ class ConfCompute(Strict):
 
 
 def _field_ids(value: object) -> object:
-    if not isinstance(value, dict):
-        return value
-    import pynvml
-
-    out: dict[object, object] = {}
-    for key, item in value.items():
-        if isinstance(key, str) and not key.isdigit():
-            name = key.upper()
-            name = name if name.startswith("NVML_FI_") else f"NVML_FI_DEV_{name}"
-            number = getattr(pynvml, name, None)
-            if not isinstance(number, int):
-                raise ValueError(f"unknown NVML field id {key!r} (use a number or NVML_FI_* name)")
-            key = number
-        key = int(key) if isinstance(key, str) else key
-        if key in out:
-            raise ValueError(f"field id {key} is given twice")
-        out[key] = item
-    return out
+    return named_keys(value, "NVML_FI_", "NVML_FI_DEV_", "NVML field id")
 
 
 class FieldValue(Strict):
