@@ -179,3 +179,38 @@ def test_gpm_scenario_errors_name_the_field():
     data = _scenario(metrics={"SM_UTIL": 140})
     with pytest.raises(sim.ScenarioError, match=r"devices\[0\]\.gpm\.metrics\[2\]"):
         sim.scenario_from_data(data)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "t0", "t1", "mean"),
+    [
+        (
+            {"pattern": "square", "first": 90, "rest": 30, "period_s": 2.0, "duty": 0.8},
+            1.0,
+            2.0,
+            66.0,
+        ),
+        (
+            {"pattern": "square", "first": 90, "rest": 30, "period_s": 2.0, "duty": 0.8},
+            0.0,
+            4.0,
+            78.0,
+        ),
+        ({"pattern": "ramp", "start": 10, "per_s": 4}, 1.0, 3.0, 18.0),
+        ({"pattern": "sine", "min": 0, "max": 10, "period_s": 4.0}, 0.0, 4.0, 5.0),
+        ({"pattern": "trace", "values": [10, 20, 60]}, 0.5, 2.5, 27.5),  # per cycle (1 s)
+        ({"pattern": "trace", "per": "second", "step_s": 0.5, "values": [0, 8]}, 0.25, 0.75, 4.0),
+    ],
+)
+def test_interval_means_are_exact(pattern, t0, t1, mean):
+    from pydantic import TypeAdapter
+
+    from nvmlsim.gpmstore import interval_mean
+    from nvmlsim.model.values import Pattern
+    from nvmlsim.world import Timeline
+
+    value = TypeAdapter(Pattern).validate_python(pattern)
+    start = 1_767_225_600_000_000
+    timeline = Timeline(start, 1_000_000, start - 10**9)
+    got = interval_mean(value, start + round(t0 * 1e6), start + round(t1 * 1e6), timeline)
+    assert got == pytest.approx(mean, abs=1e-9)

@@ -14,17 +14,16 @@ profiling fields sampled too fast.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from nvmlsim.model.values import Dyn, evaluate
+from nvmlsim.model.values import Dyn, Ramp, Sine, Square, Trace, evaluate
 from nvmlsim.world import Timeline
 
 __all__ = ["GpmSample", "GpmStore", "MIN_INTERVAL_US", "interval_mean"]
 
 MIN_INTERVAL_US = 100_000
 """Samples closer than this give 0 (NVML: the interval "should be greater than 100ms")."""
-
-_STEPS = 16
 
 
 @dataclass
@@ -67,19 +66,51 @@ class GpmStore:
         return len(self.samples)
 
 
-def interval_mean(value: Dyn, t0_us: int, t1_us: int, timeline: Timeline) -> float:
-    """Mean of ``value`` over ``[t0_us, t1_us]`` (µs since the epoch), by the midpoint rule.
+def _square_time(value: Square, x: float) -> float:
+    """Seconds of ``first`` in ``[0, x]`` of a square wave (``x`` includes the phase)."""
+    high = value.duty * value.period_s
+    periods = math.floor(x / value.period_s)
+    return periods * high + min(x - periods * value.period_s, high)
 
-    A constant is exact; a pattern is evaluated at 16 midpoints (a square wave's duty is
-    resolved to 1/16 of the interval).
+
+def _trace_mean(value: Trace, t0_us: int, t1_us: int, timeline: Timeline) -> float:
+    """Mean of a recorded series: the time-weighted values of the steps the interval crosses."""
+    if value.per == "cycle":
+        edges = [
+            timeline.cycle_start_us(c)
+            for c in range(timeline.cycle(t0_us) + 1, timeline.cycle(t1_us) + 1)
+        ]
+    else:
+        step_us = round(value.step_s * 1e6)
+        first = (t0_us - timeline.start_us) // step_us + 1
+        last = (t1_us - timeline.start_us) // step_us
+        edges = [timeline.start_us + k * step_us for k in range(first, last + 1)]
+    total, at = 0.0, t0_us
+    for edge in [*(e for e in edges if t0_us < e < t1_us), t1_us]:
+        total += evaluate(value, timeline.seconds(at), timeline.cycle(at)) * (edge - at)
+        at = edge
+    return total / (t1_us - t0_us)
+
+
+def interval_mean(value: Dyn, t0_us: int, t1_us: int, timeline: Timeline) -> float:
+    """Mean of ``value`` over ``[t0_us, t1_us]`` (µs since the epoch), computed exactly.
+
+    Constants are themselves; a ramp's mean is its value at the midpoint; a sine's and a square
+    wave's come from their integrals; a trace's is the time-weighted mean of the steps the
+    interval crosses. An empty interval gives the value at its end.
     """
     if isinstance(value, int | float):
         return float(value)
     if t1_us <= t0_us:
         return evaluate(value, timeline.seconds(t1_us), timeline.cycle(t1_us))
-    step = (t1_us - t0_us) / _STEPS
-    total = 0.0
-    for k in range(_STEPS):
-        at = round(t0_us + (k + 0.5) * step)
-        total += evaluate(value, timeline.seconds(at), timeline.cycle(at))
-    return total / _STEPS
+    a, b = timeline.seconds(t0_us), timeline.seconds(t1_us)
+    if isinstance(value, Ramp):
+        return value.start + value.per_s * (a + b) / 2
+    if isinstance(value, Sine):
+        w = 2 * math.pi / value.period_s
+        integral = (math.cos(w * (a + value.phase_s)) - math.cos(w * (b + value.phase_s))) / w
+        return value.min + (value.max - value.min) * (1 + integral / (b - a)) / 2
+    if isinstance(value, Square):
+        high = _square_time(value, b + value.phase_s) - _square_time(value, a + value.phase_s)
+        return value.rest + (value.first - value.rest) * high / (b - a)
+    return _trace_mean(value, t0_us, t1_us, timeline)
