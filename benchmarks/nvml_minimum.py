@@ -16,7 +16,7 @@ Some sources depend on the device (:class:`Facts`, read from the scenario's devi
 read per fan, one violation read per policy the board reports, and sources the device does not
 support at all, which cost nothing once their first answer disabled them.
 
-:func:`check_catalogue` keeps the table honest: every enabled GPU metric of the catalogue must be
+:func:`check_catalogue` keeps the table honest: every GPU metric of the catalogue must be
 in it, and every C call named for it must appear in that metric's ``nvml`` text, so a metric
 added to the catalogue without a row here fails loudly.
 """
@@ -186,17 +186,17 @@ def check_catalogue(catalogue: Any = None) -> list[str]:
 
         catalogue = load()
     problems = []
-    enabled = {n: s for n, s in catalogue.metrics.items() if s.enabled}
+    enabled = dict(catalogue.metrics)  # default-off metrics too: settings may turn them on
     for name, spec in enabled.items():
         if name not in SOURCES:
-            problems.append(f"{name}: enabled in the catalogue but has no row in SOURCES")
+            problems.append(f"{name}: in the catalogue but has no row in SOURCES")
             continue
         for src in SOURCES[name]:
             if src.call not in spec.nvml:
                 problems.append(f"{name}: {src.call} is not named in its catalogue nvml field")
     for name in SOURCES:
         if name not in enabled:
-            problems.append(f"{name}: in SOURCES but not an enabled catalogue metric")
+            problems.append(f"{name}: in SOURCES but not a catalogue metric")
     return problems
 
 
@@ -237,7 +237,7 @@ def minimum_calls(
     }
     needed: dict[tuple[str, str], float] = {}
     for metric, sources in SOURCES.items():
-        if metric in settings.disabled_metrics or metric in facts.unsupported:
+        if not settings.wants(metric) or metric in facts.unsupported:
             continue
         for src in sources:
             if src.per_process and not settings.process_metrics:

@@ -104,6 +104,7 @@ def test_h100_node_reports_the_board_metrics_with_the_scenarios_values(nvml_run,
     present = {p.metric for p in out.points}
     missing = NEW - present
     assert missing == {
+        names.MetricGPUProfEngineActivity,  # off by default (collection.enabled_metrics)
         names.MetricFanSpeedRatio,
         names.MetricGPUMemoryRetiredPages,
         names.MetricGPUMemoryRetiredPagesPending,

@@ -29,7 +29,8 @@ def _gpm_device(metrics, **extra):
 
 
 def test_h100_node_reports_every_gpm_metric_with_the_scenarios_values(nvml_run, helpers):
-    run = nvml_run("h100-8x-training", helpers.settings(**STEADY))
+    on = frozenset({names.MetricGPUProfEngineActivity})  # off by default
+    run = nvml_run("h100-8x-training", helpers.settings(enabled_metrics=on, **STEADY))
     run.cycle(2)
     out = run.output()
     # the first tick only takes a sample; the second reports the interval [0 s, 1 s], which is
@@ -227,3 +228,12 @@ def test_a_gpm_ratio_outside_0_100_is_dropped_and_counted(nvml_run, helpers, val
     run.cycle(3)
     assert run.output().find(names.MetricGPUProfSMActivity) == []
     assert run.dropped("out_of_range") == 2
+
+
+def test_engine_activity_is_off_by_default_and_costs_no_extra_call(nvml_run, helpers):
+    run = nvml_run("h100-sxm", helpers.settings(**STEADY))
+    run.cycle(3)
+    out = run.output()
+    assert out.find(names.MetricGPUProfEngineActivity) == []
+    assert out.find(names.MetricGPUProfSMActivity) != []
+    assert run.calls("nvmlGpmMetricsGet") == 2  # the same single request per tick

@@ -33,7 +33,9 @@ def _row(spec: MetricSpec) -> str:
         _attrs(spec),
         spec.nvml.replace("|", "\\|") or "—",
         f"`{spec.nvidia_smi}`" if spec.nvidia_smi else "—",
-        spec.description + _CADENCE.get(spec.cadence, ""),
+        spec.description
+        + _CADENCE.get(spec.cadence, "")
+        + ("" if spec.enabled else " Off by default: list it in `collection.enabled_metrics`."),
     ]
     return "| " + " | ".join(cells) + " |"
 

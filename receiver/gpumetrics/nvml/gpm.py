@@ -83,14 +83,14 @@ class Target:
 
 
 @lru_cache(maxsize=8)
-def targets(disabled: frozenset[str]) -> tuple[Target, ...]:
-    """Return the GPM metrics the catalogue asks for, minus those of ``disabled`` catalogue metrics.
+def targets(off: frozenset[str]) -> tuple[Target, ...]:
+    """Return the GPM metrics the catalogue asks for, minus those of ``off`` catalogue metrics.
 
     A GPM metric the installed nvidia-ml-py does not define is left out.
     """
     out = []
     for spec in catalogue().metrics.values():
-        if spec.name in disabled:
+        if spec.name in off:
             continue
         for src in spec.gpm:
             metric_id = getattr(pynvml, f"NVML_GPM_METRIC_{src.metric}", None)
@@ -244,7 +244,7 @@ def collect_gpm(dev: Device, tick: Tick) -> None:
         DeviceLost, LibraryDown: as from the gate.
 
     """
-    wanted = targets(tick.ctx.settings.disabled_metrics)
+    wanted = targets(tick.ctx.settings.off_metrics)
     if not wanted:
         return
     state = dev.state.get("gpm")

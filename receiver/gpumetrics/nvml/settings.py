@@ -7,7 +7,7 @@ and in ``docs/collection.md``. Validation errors name the field (pydantic's ``lo
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gpumetrics.metrics.spec import catalogue
 
@@ -56,6 +56,8 @@ class CollectionSettings(BaseModel):
     - ``process_metrics`` (True): read per-process lists and utilisation at all.
     - ``disabled_metrics`` (empty): catalogue metric names not to collect; NVML calls that feed
       only disabled metrics are not made.
+    - ``enabled_metrics`` (empty): catalogue metrics that are off by default (``enabled:
+      false``, e.g. ``nvidia.gpu.prof.engine.activity``) to collect too.
     - ``pid_max`` (None → ``<proc_root>/sys/kernel/pid_max``, 4194304 if unreadable): pids above
       it are impossible and dropped.
     - ``proc_root`` (``/proc``): where ``pid_max`` is read.
@@ -77,10 +79,13 @@ class CollectionSettings(BaseModel):
     insufficient_size_attempts: int = Field(default=3, ge=1, le=10)
     process_metrics: bool = True
     disabled_metrics: frozenset[str] = frozenset()
+    enabled_metrics: frozenset[str] = frozenset()
     pid_max: int | None = Field(default=None, ge=1)
     proc_root: str = "/proc"
 
-    @field_validator("disabled_metrics")
+    _off: frozenset[str] = PrivateAttr(default=frozenset())
+
+    @field_validator("disabled_metrics", "enabled_metrics")
     @classmethod
     def _known_metrics(cls, value: frozenset[str]) -> frozenset[str]:
         unknown = sorted(set(value) - set(catalogue().metrics))
@@ -98,6 +103,11 @@ class CollectionSettings(BaseModel):
             raise ValueError("device_backoff_max_s: must be >= device_backoff_initial_s")
         if self.init_backoff_max_s < self.init_backoff_initial_s:
             raise ValueError("init_backoff_max_s: must be >= init_backoff_initial_s")
+        both = sorted(self.enabled_metrics & self.disabled_metrics)
+        if both:
+            raise ValueError(f"enabled_metrics: {both} are also in disabled_metrics")
+        default_off = {n for n, spec in catalogue().metrics.items() if not spec.enabled}
+        self._off = frozenset(self.disabled_metrics | (default_off - self.enabled_metrics))
         return self
 
     @property
@@ -105,9 +115,17 @@ class CollectionSettings(BaseModel):
         """The effective per-tick wait for all devices: ``cycle_timeout_s`` or ``interval_s``."""
         return self.cycle_timeout_s if self.cycle_timeout_s is not None else self.interval_s
 
+    @property
+    def off_metrics(self) -> frozenset[str]:
+        """Catalogue metrics not collected.
+
+        ``disabled_metrics``, and the default-off metrics not in ``enabled_metrics``.
+        """
+        return self._off
+
     def wants(self, *metrics: str) -> bool:
-        """Return True when one of ``metrics`` is collected (not in ``disabled_metrics``)."""
-        disabled = self.disabled_metrics
-        if not disabled:  # the common case, asked a few hundred times per cycle
+        """Return True when one of ``metrics`` is collected (not in :attr:`off_metrics`)."""
+        off = self._off
+        if not off:  # asked a few hundred times per cycle
             return True
-        return any(m not in disabled for m in metrics)
+        return any(m not in off for m in metrics)
