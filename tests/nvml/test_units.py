@@ -289,3 +289,10 @@ def test_default_off_metrics_are_collected_only_when_enabled():
         CollectionSettings(enabled_metrics={engine}, disabled_metrics={engine})
     with pytest.raises(ValidationError, match="enabled_metrics"):
         CollectionSettings(enabled_metrics={"nvidia.gpu.nope"})
+
+
+def test_gpm_metric_layout_matches_the_binding():
+    from gpumetrics.nvml import gpm
+
+    assert gpm._METRIC.size == ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
+    assert pynvml.c_nvmlGpmMetric_t.value.offset == 8

@@ -28,6 +28,8 @@ two buffers into ratios and rates over the interval between them. Here:
 
 from __future__ import annotations
 
+import ctypes
+import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -58,6 +60,8 @@ _CAPABILITY_CODES = frozenset(
         pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
     }
 )
+_METRIC = struct.Struct("<IId24x")
+"""``nvmlGpmMetric_t``: metricId, nvmlReturn, value, metricInfo (three pointers), 40 bytes."""
 OFF = "off"
 """``dev.state["gpm"]`` of a device without GPM (not supported, or no symbols)."""
 
@@ -186,11 +190,13 @@ def _read(dev: Device, tick: Tick, gi: int | None, src: Source) -> list[tuple[Ta
     if c.get(METRICS, METRICS, pynvml.nvmlGpmMetricsGet, req) is None:
         return []
     out, dropped = [], []
-    for i, t in enumerate(src.targets):
-        m = req.metrics[i]
-        ret = int(m.nvmlReturn)
+    # nvmlGpmMetric_t is {unsigned metricId; nvmlReturn_t nvmlReturn; double value; 3 pointers}
+    # (nvml.h): read the returns and values from the array's bytes rather than field by field
+    # through the binding's structure wrappers (a few hundred attribute reads per tick).
+    raw = ctypes.string_at(ctypes.addressof(req.metrics), _METRIC.size * len(src.targets))
+    for t, (_, ret, value) in zip(src.targets, _METRIC.iter_unpack(raw), strict=True):
         if ret == pynvml.NVML_SUCCESS:
-            out.append((t, float(m.value)))
+            out.append((t, value))
             continue
         tick.ctx.telemetry.add(
             NVML_ERRORS,

@@ -7,7 +7,9 @@ and in ``docs/collection.md``. Validation errors name the field (pydantic's ``lo
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from functools import cached_property
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpumetrics.metrics.spec import catalogue
 
@@ -83,8 +85,6 @@ class CollectionSettings(BaseModel):
     pid_max: int | None = Field(default=None, ge=1)
     proc_root: str = "/proc"
 
-    _off: frozenset[str] = PrivateAttr(default=frozenset())
-
     @field_validator("disabled_metrics", "enabled_metrics")
     @classmethod
     def _known_metrics(cls, value: frozenset[str]) -> frozenset[str]:
@@ -106,8 +106,6 @@ class CollectionSettings(BaseModel):
         both = sorted(self.enabled_metrics & self.disabled_metrics)
         if both:
             raise ValueError(f"enabled_metrics: {both} are also in disabled_metrics")
-        default_off = {n for n, spec in catalogue().metrics.items() if not spec.enabled}
-        self._off = frozenset(self.disabled_metrics | (default_off - self.enabled_metrics))
         return self
 
     @property
@@ -115,17 +113,19 @@ class CollectionSettings(BaseModel):
         """The effective per-tick wait for all devices: ``cycle_timeout_s`` or ``interval_s``."""
         return self.cycle_timeout_s if self.cycle_timeout_s is not None else self.interval_s
 
-    @property
+    @cached_property
     def off_metrics(self) -> frozenset[str]:
         """Catalogue metrics not collected.
 
-        ``disabled_metrics``, and the default-off metrics not in ``enabled_metrics``.
+        ``disabled_metrics``, and the default-off metrics not in ``enabled_metrics``. Computed
+        once (a plain attribute afterwards: :meth:`wants` is asked hundreds of times a tick).
         """
-        return self._off
+        default_off = {n for n, spec in catalogue().metrics.items() if not spec.enabled}
+        return frozenset(self.disabled_metrics | (default_off - self.enabled_metrics))
 
     def wants(self, *metrics: str) -> bool:
         """Return True when one of ``metrics`` is collected (not in :attr:`off_metrics`)."""
-        off = self._off
+        off = self.off_metrics
         if not off:  # asked a few hundred times per cycle
             return True
         return any(m not in off for m in metrics)
