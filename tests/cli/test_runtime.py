@@ -183,17 +183,11 @@ def test_a_simulated_node_checks_pids_against_linux_largest_pid_max_unless_confi
         return StubCollector(producer, settings, telemetry)
 
     installed = []
-    Sidecar(
-        config(runtime={"simulate": "h100-8x-training"}),
-        collector_factory=factory,
-        simulate=installed.append,
-    )
+    Sidecar(config(runtime={"simulate": "h100-8x-training"}), collector_factory=factory,
+            simulate=installed.append)
     assert installed == ["h100-8x-training"] and seen["pid_max"] == 4_194_304
-    Sidecar(
-        config(runtime={"simulate": "h100-8x-training"}, collection={"pid_max": 32768}),
-        collector_factory=factory,
-        simulate=installed.append,
-    )
+    Sidecar(config(runtime={"simulate": "h100-8x-training"}, collection={"pid_max": 32768}),
+            collector_factory=factory, simulate=installed.append)
     assert seen["pid_max"] == 32768
     Sidecar(config(), collector_factory=factory, simulate=installed.append)
     assert seen["pid_max"] is None  # a real node reads /proc/sys/kernel/pid_max

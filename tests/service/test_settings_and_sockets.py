@@ -143,9 +143,7 @@ def test_addresses_report_real_ports_and_a_failed_start_leaves_nothing_bound(sid
     sock = short_tmp / "first.sock"
     clash = SidecarServer(
         ServerSettings(listen=[f"unix:{sock}", taken]),
-        BatchStore(),
-        FakeDeclaredStore(),
-        SidecarHealth(),
+        BatchStore(), FakeDeclaredStore(), SidecarHealth(),
     )
     with pytest.raises(RuntimeError, match="Failed to bind"):  # so_reuseport is off
         clash.start()
