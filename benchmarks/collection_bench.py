@@ -36,7 +36,7 @@ from gpumetrics.selftelemetry import Telemetry  # noqa: E402
 
 import nvmlsim as sim  # noqa: E402
 from benchmarks.harness import emit, machine, node_scenario  # noqa: E402
-from benchmarks.nvml_minimum import minimum_calls  # noqa: E402
+from benchmarks.nvml_minimum import device_facts, minimum_calls  # noqa: E402
 
 
 def scenario(gpus: int, processes: int) -> sim.Scenario:
@@ -47,7 +47,9 @@ def scenario(gpus: int, processes: int) -> sim.Scenario:
 def measure(gpus: int, processes: int, cycles: int) -> dict[str, float]:
     """Run ``cycles`` steady-state cycles and return per-cycle figures."""
     settings = CollectionSettings(pid_max=4_194_304)
-    drv = sim.install(scenario(gpus, processes), latency="off")
+    scn = scenario(gpus, processes)
+    facts = device_facts(scn.devices[0].model_dump(mode="json", exclude_unset=True))
+    drv = sim.install(scn, latency="off")
     try:
         clock = drv.clock
         tel = Telemetry(clock_ns=lambda: clock.now_us() * 1000)
@@ -87,7 +89,7 @@ def measure(gpus: int, processes: int, cycles: int) -> dict[str, float]:
         "ours_ms": 1000 * (cpu - sim_s) / cycles,
         "encode_ms": 1000 * encode / cycles,
         "calls": (end["calls"] - start["calls"]) / cycles,
-        "min": minimum_calls(gpus, processes, settings),
+        "min": minimum_calls(gpus, processes, settings, facts),
         "points": points / cycles,
     }
 

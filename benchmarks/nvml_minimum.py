@@ -8,16 +8,23 @@ the driver sees them; a list that turns out empty costs only the sizing call). S
 by several metrics (one ``nvmlDeviceGetMemoryInfo`` for usage, limit and utilisation) count
 once. Sources on a slow cadence (PCIe, ECC) count ``interval_s / cadence`` per cycle.
 Fallbacks (the utilisation/power snapshots read only when a sample buffer is empty, v1 calls on
-old drivers) are not part of the minimum.
+old drivers) are not part of the minimum, nor are reads made once per device (static
+properties, the fan count, the power limit constants, GPM support and buffers).
 
-:func:`check_catalogue` keeps the table honest: every enabled GPU metric of the catalogue must be
+Some sources depend on the device (:class:`Facts`, read from the scenario's device by
+:func:`device_facts`): NVLink state per link and error counters per active link, one speed
+read per fan, one violation read per policy the board reports, and sources the device does not
+support at all, which cost nothing once their first answer disabled them.
+
+:func:`check_catalogue` keeps the table honest: every GPU metric of the catalogue must be
 in it, and every C call named for it must appear in that metric's ``nvml`` text, so a metric
 added to the catalogue without a row here fails loudly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -34,6 +41,17 @@ class Source:
     calls_empty: int | None = None
     cadence: str = "tick"
     per_process: bool = False
+    per: str = "device"
+    """``device``, or ``link`` / ``active_link`` / ``fan`` / ``policy`` (calls × that count)."""
+    key: str = ""
+    """Tells apart reads of one call for different concerns (sampling type, field set)."""
+
+
+_GPM = (Source("nvmlGpmSampleGet", 1, key="gpm"), Source("nvmlGpmMetricsGet", 1, key="gpm"))
+_REMAP = (Source("nvmlDeviceGetRemappedRows", 1, cadence="errors"),)
+_RETIRED = (Source("nvmlDeviceGetFieldValues", 1, cadence="errors", key="retired_pages"),)
+_BAR1 = (Source("nvmlDeviceGetBAR1MemoryInfo", 1),)
+_ENCODER = (Source("nvmlDeviceGetEncoderStats", 1),)
 
 
 SOURCES: dict[str, tuple[Source, ...]] = {
@@ -45,16 +63,48 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     "hw.gpu.memory.usage": (Source("nvmlDeviceGetMemoryInfo", 1),),
     "hw.gpu.memory.limit": (Source("nvmlDeviceGetMemoryInfo", 1),),
     "hw.gpu.memory.utilization": (Source("nvmlDeviceGetMemoryInfo", 1),),
+    "nvidia.gpu.memory.reserved": (Source("nvmlDeviceGetMemoryInfo", 1),),  # the same v2 read
     "hw.power": (Source("nvmlDeviceGetSamples", 2),),  # TOTAL_POWER_SAMPLES
     "hw.energy": (Source("nvmlDeviceGetTotalEnergyConsumption", 1),),
     "hw.temperature": (Source("nvmlDeviceGetTemperatureV", 1),),
     "hw.status": (),  # the device state machine: no call of its own
-    "hw.errors": (Source("nvmlDeviceGetTotalEccErrors", 2, cadence="errors"),),
+    "hw.errors": (
+        Source("nvmlDeviceGetTotalEccErrors", 2, cadence="errors"),
+        Source("nvmlDeviceGetNvLinkErrorCounter", 4, cadence="errors", per="active_link"),
+    ),
     "nvidia.gpu.memory_copy.utilization": (Source("nvmlDeviceGetSamples", 2),),
     "nvidia.gpu.power.limit": (Source("nvmlDeviceGetEnforcedPowerLimit", 1),),
     "nvidia.gpu.clock.speed": (Source("nvmlDeviceGetClockInfo", 4),),  # 4 domains
     "nvidia.gpu.clock.event_reason": (Source("nvmlDeviceGetCurrentClocksEventReasons", 1),),
     "nvidia.gpu.pcie.throughput": (Source("nvmlDeviceGetPcieThroughput", 2, cadence="pcie"),),
+    "nvidia.gpu.power.limit.constraint": (),  # board constants, read once
+    "nvidia.gpu.k8s.allocation": (),  # the kubelet's pod-resources API, not NVML
+    "nvidia.gpu.events": (),  # the event listener's own thread, no call per cycle
+    "nvidia.gpu.performance_state": (Source("nvmlDeviceGetPerformanceState", 1),),
+    "hw.fan.speed_ratio": (Source("nvmlDeviceGetFanSpeed_v2", 1, per="fan"),),
+    "nvidia.gpu.bar1.memory.usage": _BAR1,
+    "nvidia.gpu.bar1.memory.limit": _BAR1,
+    "nvidia.gpu.violation.time": (
+        Source("nvmlDeviceGetViolationStatus", 1, cadence="errors", per="policy"),
+    ),
+    "nvidia.gpu.memory.remapped_rows": _REMAP,
+    "nvidia.gpu.memory.row_remap.pending": _REMAP,
+    "nvidia.gpu.memory.row_remap.failure": _REMAP,
+    "nvidia.gpu.memory.retired_pages": _RETIRED,
+    "nvidia.gpu.memory.retired_pages.pending": _RETIRED,
+    "nvidia.gpu.encoder.sessions": _ENCODER,
+    "nvidia.gpu.encoder.fps": _ENCODER,
+    "nvidia.gpu.encoder.latency": _ENCODER,
+    "hw.network.up": (Source("nvmlDeviceGetNvLinkState", 1, cadence="errors", per="link"),),
+    "nvidia.gpu.nvlink.io": (Source("nvmlDeviceGetFieldValues", 1, key="nvlink"),),
+    "nvidia.gpu.prof.graphics_engine.activity": _GPM,
+    "nvidia.gpu.prof.sm.activity": _GPM,
+    "nvidia.gpu.prof.sm.occupancy": _GPM,
+    "nvidia.gpu.prof.pipe.activity": _GPM,
+    "nvidia.gpu.prof.dram.activity": _GPM,
+    "nvidia.gpu.prof.pcie.throughput": _GPM,
+    "nvidia.gpu.prof.nvlink.throughput": _GPM,
+    "nvidia.gpu.prof.engine.activity": _GPM,
     "nvidia.gpu.process.utilization": (
         Source("nvmlDeviceGetProcessUtilization", 2, calls_empty=1, per_process=True),
     ),
@@ -78,6 +128,60 @@ _SAMPLE_TYPES = {
 }
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What one device has, where a source's cost depends on it.
+
+    Attributes:
+        links: NVLink links (state reads); active_links: links that are up (error reads).
+        fans: fans (speed reads); policies: violation policies the board reports.
+        unsupported: catalogue metrics the device does not report at all.
+
+    """
+
+    links: int = 0
+    active_links: int = 0
+    fans: int = 0
+    policies: int = 8
+    unsupported: frozenset[str] = field(default_factory=frozenset)
+
+
+_MODEL_METRICS: dict[str, tuple[str, ...]] = {
+    "gpm": tuple(m for m in SOURCES if m.startswith("nvidia.gpu.prof.")),
+    "bar1": ("nvidia.gpu.bar1.memory.usage", "nvidia.gpu.bar1.memory.limit"),
+    "remapped_rows": (
+        "nvidia.gpu.memory.remapped_rows",
+        "nvidia.gpu.memory.row_remap.pending",
+        "nvidia.gpu.memory.row_remap.failure",
+    ),
+    "retired_pages": ("nvidia.gpu.memory.retired_pages", "nvidia.gpu.memory.retired_pages.pending"),
+    "encoder_stats": (
+        "nvidia.gpu.encoder.sessions",
+        "nvidia.gpu.encoder.fps",
+        "nvidia.gpu.encoder.latency",
+    ),
+    "pstate": ("nvidia.gpu.performance_state",),
+    "nvlink": ("nvidia.gpu.nvlink.io", "hw.network.up"),
+}
+"""Scenario device key (nvmlsim's format) → the metrics that answer NOT_SUPPORTED without it."""
+
+
+def device_facts(device: Mapping[str, Any]) -> Facts:
+    """:class:`Facts` of one device of an nvmlsim scenario (its ``devices[]`` entry, as data)."""
+    unsupported = {m for key, ms in _MODEL_METRICS.items() if device.get(key) is None for m in ms}
+    nvlink = device.get("nvlink") or {}
+    links = int(nvlink.get("links", 0))
+    fans = device.get("fans_percent")
+    violations = device.get("violations_ns") or {}
+    return Facts(
+        links=links,
+        active_links=links - len(nvlink.get("down", ())),
+        fans=len(fans) if fans is not None else int(device.get("fan_percent") is not None),
+        policies=sum(v is not None for v in violations.values()),
+        unsupported=frozenset(unsupported),
+    )
+
+
 def check_catalogue(catalogue: Any = None) -> list[str]:
     """Problems between :data:`SOURCES` and the catalogue (empty when they agree)."""
     if catalogue is None:
@@ -85,21 +189,23 @@ def check_catalogue(catalogue: Any = None) -> list[str]:
 
         catalogue = load()
     problems = []
-    enabled = {n: s for n, s in catalogue.metrics.items() if s.enabled}
+    enabled = dict(catalogue.metrics)  # default-off metrics too: settings may turn them on
     for name, spec in enabled.items():
         if name not in SOURCES:
-            problems.append(f"{name}: enabled in the catalogue but has no row in SOURCES")
+            problems.append(f"{name}: in the catalogue but has no row in SOURCES")
             continue
         for src in SOURCES[name]:
             if src.call not in spec.nvml:
                 problems.append(f"{name}: {src.call} is not named in its catalogue nvml field")
     for name in SOURCES:
         if name not in enabled:
-            problems.append(f"{name}: in SOURCES but not an enabled catalogue metric")
+            problems.append(f"{name}: in SOURCES but not a catalogue metric")
     return problems
 
 
-def minimum_calls(gpus: int, processes_per_gpu: int, settings: Any) -> float:
+def minimum_calls(
+    gpus: int, processes_per_gpu: int, settings: Any, facts: Facts | None = None
+) -> float:
     """C calls per cycle that the enabled metric set needs (see the module docstring).
 
     Args:
@@ -107,6 +213,8 @@ def minimum_calls(gpus: int, processes_per_gpu: int, settings: Any) -> float:
         processes_per_gpu: compute processes on each GPU (graphics and MPS lists empty).
         settings: a ``CollectionSettings`` (cadences, ``disabled_metrics``,
             ``process_metrics``).
+        facts: what each GPU has (:func:`device_facts`); default: no NVLink, no fans, every
+            violation policy, everything else supported.
 
     Raises:
         ValueError: listing the disagreements of :func:`check_catalogue`.
@@ -122,14 +230,22 @@ def minimum_calls(gpus: int, processes_per_gpu: int, settings: Any) -> float:
             settings.interval_s / settings.errors_interval_s if settings.errors_interval_s else 0
         ),
     }
+    facts = facts or Facts()
+    per = {
+        "device": 1,
+        "link": facts.links,
+        "active_link": facts.active_links,
+        "fan": facts.fans,
+        "policy": facts.policies,
+    }
     needed: dict[tuple[str, str], float] = {}
     for metric, sources in SOURCES.items():
-        if metric in settings.disabled_metrics:
+        if not settings.wants(metric) or metric in facts.unsupported:
             continue
         for src in sources:
             if src.per_process and not settings.process_metrics:
                 continue
-            key = (src.call, _SAMPLE_TYPES.get(metric, ""))
+            key = (src.call, src.key or _SAMPLE_TYPES.get(metric, ""))
             cost = src.calls if processes_per_gpu or src.calls_empty is None else src.calls_empty
-            needed[key] = cost * cadence[src.cadence]
+            needed[key] = cost * per[src.per] * cadence[src.cadence]
     return gpus * sum(needed.values())

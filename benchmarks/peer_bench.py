@@ -62,6 +62,33 @@ from benchmarks.pullclient import PullConsumer, channel
 ROOT = Path(__file__).resolve().parents[1]
 PEER_VENV = ROOT / "benchmarks" / ".venv-peer"
 PEER_PACKAGES = ("nvitop-exporter==1.7.2", "nvidia-ml-py==13.615.71")
+BOARD_SOURCES = (
+    "nvidia.gpu.power.limit.constraint",
+    "nvidia.gpu.performance_state",
+    "hw.fan.speed_ratio",
+    "nvidia.gpu.bar1.memory.usage",
+    "nvidia.gpu.bar1.memory.limit",
+    "nvidia.gpu.violation.time",
+    "nvidia.gpu.memory.remapped_rows",
+    "nvidia.gpu.memory.row_remap.pending",
+    "nvidia.gpu.memory.row_remap.failure",
+    "nvidia.gpu.memory.retired_pages",
+    "nvidia.gpu.memory.retired_pages.pending",
+    "nvidia.gpu.encoder.sessions",
+    "nvidia.gpu.encoder.fps",
+    "nvidia.gpu.encoder.latency",
+    "hw.network.up",
+    "nvidia.gpu.nvlink.io",
+    "nvidia.gpu.prof.graphics_engine.activity",
+    "nvidia.gpu.prof.sm.activity",
+    "nvidia.gpu.prof.sm.occupancy",
+    "nvidia.gpu.prof.pipe.activity",
+    "nvidia.gpu.prof.dram.activity",
+    "nvidia.gpu.prof.pcie.throughput",
+    "nvidia.gpu.prof.nvlink.throughput",
+    "nvidia.gpu.prof.engine.activity",
+)
+"""The metrics issue 14 added (hw.errors's NVLink links go with hw.errors, which stays on)."""
 
 
 def setup_peer(venv: Path = PEER_VENV) -> None:
@@ -235,7 +262,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out / "scenario.yaml",
     )
     config = out / "gpumetrics.yaml"
-    config.write_text(yaml.safe_dump({"collection": {"pid_max": 4_194_304}}), encoding="utf-8")
+    collection: dict[str, Any] = {"pid_max": 4_194_304}
+    if args.disabled_metrics:
+        collection["disabled_metrics"] = sorted(args.disabled_metrics)
+    config.write_text(yaml.safe_dump({"collection": collection}), encoding="utf-8")
     nv_port, our_port = free_port(), free_port()
     nvitop = Exporter(
         "nvitop-exporter",
@@ -372,7 +402,21 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="independent runs (median reported)")
     ap.add_argument("--profile-s", type=float, default=30.0, help="py-spy after the window")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peer")
+    ap.add_argument(
+        "--disabled-metrics",
+        type=lambda text: [m for m in text.split(",") if m],
+        default=[],
+        metavar="A,B",
+        help="catalogue metrics the sidecar does not collect (measures what they cost)",
+    )
+    ap.add_argument(
+        "--without-board-sources",
+        action="store_true",
+        help="disable the GPM, NVLink and board-health metrics of issue 14 (their cost)",
+    )
     args = ap.parse_args()
+    if args.without_board_sources:
+        args.disabled_metrics = [*args.disabled_metrics, *BOARD_SOURCES]
     if args.setup_peer:
         setup_peer(args.peer_venv)
         return 0

@@ -5,6 +5,7 @@ import logging
 
 import pynvml
 import pytest
+from gpumetrics.metrics import names
 from gpumetrics.nvml import convert
 from gpumetrics.nvml.clocks import event_reason_values
 from gpumetrics.nvml.counters import CounterTracker
@@ -277,3 +278,21 @@ def test_struct_sizes_match_the_c_layouts():
 
     assert ctypes.sizeof(_ProcessInfoV1) == 16
     assert ctypes.sizeof(pynvml.c_nvmlProcessInfo_v2_t) == 24
+
+
+def test_default_off_metrics_are_collected_only_when_enabled():
+    engine = names.MetricGPUProfEngineActivity
+    assert not CollectionSettings().wants(engine)
+    assert CollectionSettings(enabled_metrics={engine}).wants(engine)
+    assert CollectionSettings().wants(names.MetricPower)
+    with pytest.raises(ValidationError, match="also in disabled_metrics"):
+        CollectionSettings(enabled_metrics={engine}, disabled_metrics={engine})
+    with pytest.raises(ValidationError, match="enabled_metrics"):
+        CollectionSettings(enabled_metrics={"nvidia.gpu.nope"})
+
+
+def test_gpm_metric_layout_matches_the_binding():
+    from gpumetrics.nvml import gpm
+
+    assert gpm._METRIC.size == ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
+    assert pynvml.c_nvmlGpmMetric_t.value.offset == 8

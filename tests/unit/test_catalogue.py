@@ -22,6 +22,9 @@ SEMCONV = {
     "hw.temperature": (Instrument.GAUGE, "Cel", ValueType.DOUBLE),
     "hw.status": (Instrument.UPDOWNCOUNTER, "1", ValueType.INT),
     "hw.errors": (Instrument.COUNTER, "{error}", ValueType.INT),
+    # .../hardware/fan/ and .../hardware/network/ (model/hardware/fan.yaml, network.yaml)
+    "hw.fan.speed_ratio": (Instrument.GAUGE, "1", ValueType.DOUBLE),
+    "hw.network.up": (Instrument.UPDOWNCOUNTER, "1", ValueType.INT),
 }
 
 
@@ -91,4 +94,58 @@ metrics:
   - {name: a, description: d, unit: "1", instrument: histogram, value_type: double}
 """
     with pytest.raises(ValueError, match=r"metrics\[0\]"):
+        parse_catalogue(text)
+
+
+def test_gpm_sources_name_bindings_metrics_and_catalogued_attribute_values():
+    import pynvml
+
+    seen = set()
+    for spec in catalogue().metrics.values():
+        for src in spec.gpm:
+            assert isinstance(getattr(pynvml, f"NVML_GPM_METRIC_{src.metric}", None), int), src
+            assert src.metric not in seen, f"{src.metric} feeds two metrics"
+            seen.add(src.metric)
+            assert src.dcgm.startswith("DCGM_FI_PROF_"), src
+            for key, value in src.attributes:
+                assert key in spec.attributes, (spec.name, key)
+                allowed = spec.attributes[key]
+                assert not allowed or value in allowed, (spec.name, key, value)
+            assert spec.unit in ("1", "By/s") and spec.instrument is Instrument.GAUGE
+
+
+def test_dcgm_exporter_rows_name_real_metrics_attributes_and_no_field_twice():
+    cat = catalogue()
+    fields = [src.dcgm for s in cat.metrics.values() for src in s.gpm]
+    fields += [row.field for row in cat.dcgm_exporter]
+    assert len(fields) == len(set(fields)), "a DCGM field is mapped twice"
+    for row in cat.dcgm_exporter:
+        spec = cat.metrics[row.metric]
+        for key, value in row.attributes:
+            assert key in spec.attributes, (row.field, key)
+            allowed = spec.attributes[key]
+            assert not allowed or value in allowed, (row.field, key, value)
+
+
+def test_dcgm_exporter_row_naming_an_unknown_metric_is_rejected():
+    text = """
+scope: {name: s}
+self_scope: {name: t}
+metrics:
+  - {name: a, description: d, unit: "1", instrument: gauge, value_type: double}
+dcgm_exporter:
+  - {field: DCGM_FI_DEV_GPU_UTIL, metric: b}
+"""
+    with pytest.raises(ValueError, match=r"dcgm_exporter\[0\]\.metric: unknown metric 'b'"):
+        parse_catalogue(text)
+
+
+def test_unknown_component_is_rejected_naming_the_entry():
+    text = """
+scope: {name: s}
+self_scope: {name: t}
+metrics:
+  - {name: a, description: d, unit: "1", instrument: gauge, value_type: double, component: psu}
+"""
+    with pytest.raises(ValueError, match=r"metrics\[0\]: invalid metric spec"):
         parse_catalogue(text)

@@ -8,6 +8,7 @@ violations, step the clock, start and end processes, request resets and release 
 from __future__ import annotations
 
 import ctypes
+import secrets
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ from nvmlsim.driver_profiles import driver_profile
 from nvmlsim.events import EventQueue, apply_event
 from nvmlsim.eventsets import EventSets
 from nvmlsim.faults import FaultEngine, OverrideEngine
+from nvmlsim.gpmstore import GpmStore
 from nvmlsim.model.devices import Process
 from nvmlsim.model.scenario import Event, NvmlEvent, Scenario
 from nvmlsim.world import DeviceState, MigState, Timeline, World
@@ -119,6 +121,8 @@ class SimDriver:
         self.hang_event = threading.Event()
         self.error_strings: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self.sample_cache: dict[tuple[int, int, int, int], Any] = {}
+        self.gpm = GpmStore(0x6000_0000_0000 + (secrets.randbelow(1 << 24) << 20))
+        self.gpm_strings: dict[int, Any] = {}
         self.driver_ns = 0
         self.wait_ns = 0
         self.uninstaller: Callable[[SimDriver], None] | None = None
@@ -162,6 +166,12 @@ class SimDriver:
         """Record a :class:`Violation` (called by the dispatcher and handlers)."""
         with self.lock:
             self._violations.append(Violation(kind, function, detail, self.clock.now_us()))
+
+    @property
+    def gpm_samples_live(self) -> int:
+        """GPM sample buffers allocated (``nvmlGpmSampleAlloc``) and not yet freed."""
+        with self.lock:
+            return self.gpm.live
 
     @property
     def now_us(self) -> int:

@@ -4,7 +4,9 @@ The symbol history (NVML API reference, https://docs.nvidia.com/deploy/nvml-api/
 drivers' ``nvml.h``): the process calls' ``_v2``/``_v3`` versions (after nvitop PRs #89/#94 and
 gpustat's notes), ``nvmlDeviceGetProcessesUtilizationInfo`` from ~R550,
 ``nvmlDeviceGetMemoryInfo_v2`` from ~R510, ``…ClocksEventReasons`` from R535 and
-``nvmlDeviceGetTemperatureV`` from ~R570, plus the field cases F01–F06 (README).
+``nvmlDeviceGetTemperatureV`` from ~R570, the GPM calls from R520 (the R525 reference is the
+first to list them), ``nvmlDeviceGetRemappedRows`` and the per-fan calls from R450, plus the field
+cases F01–F06 (README).
 
 Cross-checked against NVIDIA's own binding of each branch: every nvidia-ml-py release is cut
 from one branch's ``nvml.h`` (release 11.495.46 from R495, 11.515.75 from R515, 12.560.30 from
@@ -73,6 +75,13 @@ _READINGS = {
     "nvmlDeviceGetSamples",
     "nvmlDeviceGetProcessUtilization",
     "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetBAR1MemoryInfo",
+    "nvmlDeviceGetViolationStatus",
+    "nvmlDeviceGetEncoderStats",
+    "nvmlDeviceGetPowerManagementDefaultLimit",
+    "nvmlDeviceGetPowerManagementLimitConstraints",
 }
 _PROC_V1 = {"nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"}
 _MPS_V1 = {"nvmlDeviceGetMPSComputeRunningProcesses"}
@@ -110,6 +119,15 @@ _EVENTS = {
     "nvmlDeviceRegisterEvents",
 }
 _EVENT_WAIT_V2 = {"nvmlEventSetWait_v2"}
+_R450 = {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetNumFans", "nvmlDeviceGetFanSpeed_v2"}
+_GPM = {
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleFree",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMigSampleGet",
+    "nvmlGpmMetricsGet",
+}
 
 #: Every symbol the simulated library implements.
 ALL_SYMBOLS: frozenset[str] = frozenset(
@@ -130,6 +148,8 @@ ALL_SYMBOLS: frozenset[str] = frozenset(
     | _TEMP_V
     | _EVENTS
     | _EVENT_WAIT_V2
+    | _R450
+    | _GPM
 )
 
 
@@ -189,31 +209,32 @@ DRIVER_PROFILES: dict[str, DriverProfile] = {
             "440",
             "440.33.01",
             10020,
-            _NEWER_THAN_470 | _MIG | _PROC_V2 | _MPS_V1 | _EVENT_WAIT_V2,
+            _NEWER_THAN_470 | _MIG | _PROC_V2 | _MPS_V1 | _EVENT_WAIT_V2 | _R450 | _GPM,
             "only the unversioned 16-byte process symbols (F02, F04); no MIG, no memory v2, "
-            "no nvmlEventSetWait_v2",
+            "no nvmlEventSetWait_v2, no GPM, no remapped rows or per-fan calls",
         ),
         _p(
             "470",
             "470.256.02",
             11040,
-            set(_NEWER_THAN_470),
-            "`_v2` process symbols but no `_v3` (F04); no memory v2 (from ~R510)",
+            _NEWER_THAN_470 | _GPM,
+            "`_v2` process symbols but no `_v3` (F04); no memory v2 (from ~R510), no GPM",
         ),
         _p(
             "495",
             "495.46",
             11050,
-            set(_NEWER_THAN_470),
-            "as 470 (nvidia-ml-py 11.495.46): `_v2` process symbols, no `_v3`, no memory v2",
+            _NEWER_THAN_470 | _GPM,
+            "as 470 (nvidia-ml-py 11.495.46): `_v2` process symbols, no `_v3`, no memory v2, "
+            "no GPM",
         ),
         _p(
             "515",
             "515.105.01",
             11070,
-            _CONF_COMPUTE | _DETAIL_LIST | _EVENT_REASONS | _PROC_UTIL_INFO | _TEMP_V,
+            _CONF_COMPUTE | _DETAIL_LIST | _EVENT_REASONS | _PROC_UTIL_INFO | _TEMP_V | _GPM,
             "memory v2 and `_v3` (24-byte records) arrive (nvidia-ml-py 11.515.75); "
-            "no ClocksEventReasons, no TemperatureV",
+            "no ClocksEventReasons, no TemperatureV, no GPM (from R525, NVML 12)",
         ),
         _p(
             "525",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from gpumetrics.metrics.spec import Catalogue, MetricSpec, catalogue
 
+_CADENCE = {"errors": " Read every `errors_interval_s`."}
+
 _SHAPE = {
     "gauge": "Gauge",
     "updowncounter": "UpDownCounter (cumulative non-monotonic Sum)",
@@ -31,9 +33,31 @@ def _row(spec: MetricSpec) -> str:
         _attrs(spec),
         spec.nvml.replace("|", "\\|") or "—",
         f"`{spec.nvidia_smi}`" if spec.nvidia_smi else "—",
-        spec.description,
+        spec.description
+        + _CADENCE.get(spec.cadence, "")
+        + ("" if spec.enabled else " Off by default: list it in `collection.enabled_metrics`."),
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def _pairs(pairs: tuple[tuple[str, str | int], ...]) -> str:
+    return ", ".join(f"`{k}={v}`" for k, v in pairs)
+
+
+def _dcgm_rows(cat: Catalogue) -> list[str]:
+    """One row per DCGM field: the GPM ones from their metrics, then ``dcgm_exporter``."""
+    rows = []
+    for spec in cat.metrics.values():
+        for src in spec.gpm:
+            if src.dcgm:
+                where = f"`{spec.name}`" + (
+                    f" {{{_pairs(src.attributes)}}}" if src.attributes else ""
+                )
+                rows.append(f"| `{src.dcgm}` | {where} | GPM `NVML_GPM_METRIC_{src.metric}` |")
+    for d in cat.dcgm_exporter:
+        where = f"`{d.metric}`" + (f" {{{_pairs(d.attributes)}}}" if d.attributes else "")
+        rows.append(f"| `{d.field}` | {where} | {d.note or '—'} |")
+    return rows
 
 
 def render_metrics_doc(cat: Catalogue) -> str:
@@ -42,7 +66,8 @@ def render_metrics_doc(cat: Catalogue) -> str:
         "| name | instrument | unit | value | attributes beyond the GPU's | NVML source "
         "| nvidia-smi | description |\n|---|---|---|---|---|---|---|---|\n"
     )
-    host = [s for s in cat.metrics.values() if s.resource == "host"]
+    host = [s for s in cat.metrics.values() if s.resource == "host" and s.component == "gpu"]
+    parts = [s for s in cat.metrics.values() if s.resource == "host" and s.component != "gpu"]
     proc = [s for s in cat.metrics.values() if s.resource == "process"]
     out = [
         "# Metric catalogue",
@@ -70,12 +95,39 @@ def render_metrics_doc(cat: Catalogue) -> str:
         "",
         head + "\n".join(_row(s) for s in host),
         "",
+        "The `nvidia.gpu.prof.*` metrics come from NVML's GPU Performance Monitoring (GPM,",
+        "Hopper and newer): two samples one tick apart, so each point describes the tick",
+        "before it. On a MIG-enabled GPU the parent's points describe the whole GPU and each",
+        "MIG instance's points its own GPU instance (`nvmlGpmMigSampleGet`); a GPU instance",
+        "split into several compute instances reports on the parent's `hw.id` with",
+        "`nvidia.gpu.mig.gpu_instance.id`. GPUs without GPM report none of them.",
+        "",
+        "## Component metrics (fans, NVLink links)",
+        "",
+        "A fan or NVLink link is a component of its GPU: `hw.id` = `<GPU UUID>:fan:<n>` or",
+        "`<GPU UUID>:nvlink:<n>`, `hw.name` = `gpu<i>/fan<n>` or `gpu<i>/nvlink<n>`, `hw.parent`",
+        "= the GPU's UUID. NVLink link errors are `hw.errors{hw.type=network}` on the link",
+        "(see `hw.errors` above).",
+        "",
+        head + "\n".join(_row(s) for s in parts),
+        "",
         "## Per-process metrics (one resource per process)",
         "",
         "Points carry only the GPU's identity attributes (`hw.id`, and `hw.parent` for a MIG",
         "instance); the process is identified by its resource (see docs/identity.md).",
         "",
         head + "\n".join(_row(s) for s in proc),
+        "",
+        "## dcgm-exporter fields and their equivalents",
+        "",
+        "For a dashboard built on dcgm-exporter: the metric (and attributes) that answers each",
+        "DCGM field. Units differ where DCGM's do: DCGM reports percent, MiB, mJ and µs where",
+        "these report ratios 0–1, bytes, J and s; DCGM's `_PROF_` rates are bytes per second",
+        "like these.",
+        "",
+        "| DCGM field | metric | source or note |",
+        "|---|---|---|",
+        *_dcgm_rows(cat),
         "",
         f"## Self-telemetry (scope `{cat.self_scope.name}`, host resource)",
         "",

@@ -20,6 +20,9 @@ from typing import Any
 
 import yaml
 
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's safe loader when PyYAML was built with it: the catalogue is parsed at every start."""
+
 
 class Instrument(enum.Enum):
     """Semantic-conventions instrument kinds and their OTLP encoding."""
@@ -47,6 +50,32 @@ class ValueType(enum.Enum):
 
 
 @dataclass(frozen=True)
+class GpmSource:
+    """One GPM metric that feeds a catalogue metric.
+
+    Attributes:
+        metric: the ``NVML_GPM_METRIC_*`` name without its prefix (``SM_UTIL``).
+        attributes: ``(key, value)`` pairs the points of this GPM metric carry.
+        dcgm: the DCGM field it corresponds to (``DCGM_FI_PROF_SM_ACTIVE``).
+
+    """
+
+    metric: str
+    attributes: tuple[tuple[str, str | int], ...] = ()
+    dcgm: str = ""
+
+
+@dataclass(frozen=True)
+class DcgmField:
+    """A dcgm-exporter field and the catalogue metric (and attributes) that answers it."""
+
+    field: str
+    metric: str
+    attributes: tuple[tuple[str, str | int], ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class MetricSpec:
     """Everything about one metric except its data points.
 
@@ -66,6 +95,10 @@ class MetricSpec:
         nvml: the NVML call(s) behind the value.
         nvidia_smi: the matching ``nvidia-smi --query-gpu`` field, or ``""``.
         constant: the seed's Python constant name, or ``""``.
+        component: ``gpu``, or the component of a GPU a point's ``hw.id`` names (``fan``,
+            ``nvlink``; ``hw.parent`` is the GPU's UUID).
+        cadence: ``tick`` (every ``interval_s``) or ``errors`` (every ``errors_interval_s``).
+        gpm: the GPM metrics behind the value (empty for other sources).
 
     """
 
@@ -81,6 +114,9 @@ class MetricSpec:
     nvml: str = ""
     nvidia_smi: str = ""
     constant: str = ""
+    component: str = "gpu"
+    cadence: str = "tick"
+    gpm: tuple[GpmSource, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,6 +135,22 @@ class Catalogue:
     metrics: Mapping[str, MetricSpec]
     self_scope: Scope
     self_metrics: Mapping[str, MetricSpec]
+    dcgm_exporter: tuple[DcgmField, ...] = ()
+
+
+def _pairs(raw: Any) -> tuple[tuple[str, str | int], ...]:
+    return tuple((str(k), v if isinstance(v, int) else str(v)) for k, v in (raw or {}).items())
+
+
+def _gpm(raw: Any) -> tuple[GpmSource, ...]:
+    return tuple(
+        GpmSource(str(g["metric"]), _pairs(g.get("attributes")), str(g.get("dcgm", "")))
+        for g in raw or ()
+    )
+
+
+_COMPONENTS = ("gpu", "fan", "nvlink")
+_CADENCES = ("tick", "errors")
 
 
 def _spec(raw: Mapping[str, Any], where: str, default_resource: str) -> MetricSpec:
@@ -108,7 +160,7 @@ def _spec(raw: Mapping[str, Any], where: str, default_resource: str) -> MetricSp
             attrs: dict[str, tuple[str, ...]] = {str(k): () for k in attrs_raw}
         else:
             attrs = {str(k): tuple(str(v) for v in (vals or ())) for k, vals in attrs_raw.items()}
-        return MetricSpec(
+        spec = MetricSpec(
             name=str(raw["name"]),
             description=str(raw["description"]),
             unit=str(raw["unit"]),
@@ -121,7 +173,15 @@ def _spec(raw: Mapping[str, Any], where: str, default_resource: str) -> MetricSp
             nvml=str(raw.get("nvml", "")),
             nvidia_smi=str(raw.get("nvidia_smi", "")),
             constant=str(raw.get("constant", "")),
+            component=str(raw.get("component", "gpu")),
+            cadence=str(raw.get("cadence", "tick")),
+            gpm=_gpm(raw.get("gpm")),
         )
+        if spec.component not in _COMPONENTS:
+            raise ValueError(f"component must be one of {_COMPONENTS}")
+        if spec.cadence not in _CADENCES:
+            raise ValueError(f"cadence must be one of {_CADENCES}")
+        return spec
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise ValueError(f"{where}: invalid metric spec: {exc!r}") from None
 
@@ -134,7 +194,7 @@ def parse_catalogue(text: str) -> Catalogue:
             appears twice.
 
     """
-    doc = yaml.safe_load(text)
+    doc = yaml.load(text, Loader=_LOADER)  # noqa: S506 (a safe loader: libyaml's when present)
     metrics: dict[str, MetricSpec] = {}
     for i, raw in enumerate(doc["metrics"]):
         spec = _spec(raw, f"metrics[{i}]", "host")
@@ -147,11 +207,26 @@ def parse_catalogue(text: str) -> Catalogue:
         if spec.name in self_metrics or spec.name in metrics:
             raise ValueError(f"self_metrics[{i}].name: duplicate metric {spec.name!r}")
         self_metrics[spec.name] = spec
+    dcgm: list[DcgmField] = []
+    for i, raw in enumerate(doc.get("dcgm_exporter") or ()):
+        try:
+            row = DcgmField(
+                str(raw["field"]),
+                str(raw["metric"]),
+                _pairs(raw.get("attributes")),
+                str(raw.get("note", "")),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"dcgm_exporter[{i}]: invalid row: {exc!r}") from None
+        if row.metric not in metrics:
+            raise ValueError(f"dcgm_exporter[{i}].metric: unknown metric {row.metric!r}")
+        dcgm.append(row)
     return Catalogue(
         scope=Scope(**doc["scope"]),
         metrics=metrics,
         self_scope=Scope(**doc["self_scope"]),
         self_metrics=self_metrics,
+        dcgm_exporter=tuple(dcgm),
     )
 
 

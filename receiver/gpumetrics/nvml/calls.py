@@ -86,8 +86,10 @@ class DeviceCalls:
         self._last: dict[str, str] = {}
         self._flight_lock = threading.Lock()
         self._in_flight: tuple[str, float] | None = None
-        self._unsupported: list[tuple[str, str]] = []
+        self._unsupported: list[tuple[str, str, int]] = []
+        self._notes: list[tuple[str, str]] = []
         self._nothing_logged = False
+        self._read_something = False
         self.degraded = False
         self.reasons: list[str] = []
         self.answered = 0
@@ -99,8 +101,12 @@ class DeviceCalls:
         return cap not in self._disabled
 
     def note(self, function: str, message: str) -> None:
-        """Log a decision about ``function`` (a fallback chosen) once, at INFO."""
-        self._log_once(function, "note:" + message, logging.INFO, "%s: %s", function, message)
+        """Log a decision about ``function`` (a fallback chosen, a source not reported) once.
+
+        At INFO, by :meth:`end_tick`; at DEBUG on a device that has read nothing yet, whose one
+        WARNING already names every source tried (F30).
+        """
+        self._notes.append((function, message))
 
     def disable(self, cap: str, kind: ErrorKind) -> None:
         """Disable ``cap`` for this device (e.g. a symbol found missing at init)."""
@@ -124,33 +130,37 @@ class DeviceCalls:
             read_anything: the tick produced at least one reading (a point besides
                 ``hw.status``).
 
-        Normally each capability gets its INFO line. A device that read nothing and whose
-        calls answered NOT_SUPPORTED (an integrated GPU such as Jetson Orin) gets one WARNING
-        instead, once per device, naming every source tried; the per-capability lines go to
+        Normally each capability gets its line (INFO, or the caller's ``unsupported_level``),
+        and so does each :meth:`note`. A device that has read nothing yet and whose calls
+        answered NOT_SUPPORTED (an integrated GPU such as Jetson Orin) gets one WARNING instead,
+        once per device, naming every source tried; the per-capability lines and notes go to
         DEBUG.
 
         """
         pending, self._unsupported = self._unsupported, []
-        if not pending:
-            return
-        nothing = not read_anything and not self._nothing_logged
-        if nothing:
+        notes, self._notes = self._notes, []
+        self._read_something = self._read_something or read_anything
+        quiet = not self._read_something  # nothing read yet: the one WARNING says it all
+        if pending and quiet and not self._nothing_logged:
             self._nothing_logged = True
             self._log.warning(
                 "GPU %s reports no supported telemetry: %s answered NOT_SUPPORTED; only "
                 "hw.status and its identity are exported",
                 self.label,
-                ", ".join(cap for cap, _ in pending),
+                ", ".join(cap for cap, _, _ in pending),
             )
-        for cap, code in pending:
+        for cap, code, level in pending:
             self._log_once(
                 cap,
                 ErrorKind.UNSUPPORTED.value,
-                logging.DEBUG if nothing else logging.INFO,
+                logging.DEBUG if quiet else level,
                 "%s: %s: not called again on this GPU",
                 cap,
                 code,
             )
+        for function, message in notes:
+            level = logging.DEBUG if quiet else logging.INFO
+            self._log_once(function, "note:" + message, level, "%s: %s", function, message)
 
     # --- in-flight tracking -----------------------------------------------------------
     @property
@@ -169,6 +179,7 @@ class DeviceCalls:
         missing_level: int = logging.WARNING,
         fallback: bool = False,
         retry_codes: frozenset[int] = frozenset(),
+        unsupported_level: int = logging.INFO,
         **kwargs: Any,
     ) -> T:
         """Call ``fn(*args, **kwargs)`` through the gate.
@@ -183,6 +194,8 @@ class DeviceCalls:
                 are logged at INFO and do not degrade the device.
             retry_codes: return codes the caller retries (INSUFFICIENT_SIZE): raised without
                 counting or logging; the caller calls :meth:`record` if it gives up.
+            unsupported_level: log level for NOT_SUPPORTED (DEBUG when the caller logs one
+                line for several capabilities of one call, e.g. each violation policy).
             **kwargs: keyword arguments for ``fn``.
 
         Returns:
@@ -205,7 +218,7 @@ class DeviceCalls:
             result = query(function, fn, *args, **kwargs)
         except QueryError as err:
             if err.code not in retry_codes:
-                self._failed(cap, err, missing_level, fallback)
+                self._failed(cap, err, missing_level, fallback, unsupported_level)
             raise
         finally:
             with self._flight_lock:
@@ -229,7 +242,14 @@ class DeviceCalls:
         """Count and log a failure the caller held back (a retried call that never succeeded)."""
         self._failed(err.function, err, logging.WARNING, False)
 
-    def _failed(self, cap: str, err: QueryError, missing_level: int, fallback: bool) -> None:
+    def _failed(
+        self,
+        cap: str,
+        err: QueryError,
+        missing_level: int,
+        fallback: bool,
+        unsupported_level: int = logging.INFO,
+    ) -> None:
         kind = err.kind
         if kind is ErrorKind.NOT_FOUND and not err.lifecycle:
             return
@@ -243,7 +263,8 @@ class DeviceCalls:
         if kind in _DISABLING:
             self._disabled[cap] = kind
             if kind is ErrorKind.UNSUPPORTED:
-                self._unsupported.append((cap, err.code_name))  # logged by end_tick
+                # logged by end_tick, at unsupported_level (DEBUG under a device-wide WARNING)
+                self._unsupported.append((cap, err.code_name, unsupported_level))
                 return
             level = missing_level if kind is ErrorKind.FUNCTION_MISSING else logging.WARNING
             self._log_once(

@@ -51,6 +51,7 @@ from gpumetrics.nvml.commit import commit, publish_devices, with_instances
 from gpumetrics.nvml.context import Context, Points, Tick, read_pid_max
 from gpumetrics.nvml.device import Device, annotate, discover
 from gpumetrics.nvml.events import EventListener
+from gpumetrics.nvml.gpm import free_gpm
 from gpumetrics.nvml.library import Session
 from gpumetrics.nvml.query import UNKNOWN_CODE, QueryError
 from gpumetrics.nvml.samples import TimeBase, boot_time_ns
@@ -270,6 +271,7 @@ class Collector:
                     "NVML calls still in flight after %.1f s; not calling nvmlShutdown", timeout_s
                 )
                 return False
+            self._free_device_buffers()
             self._session.shutdown()
             self._shut_down = True
             self._publish_up()
@@ -294,6 +296,7 @@ class Collector:
                 self._log.error("cannot release NVML: a call is still in flight")
                 return False
             self._pool = WorkerPool(self._settings.call_timeout_s)
+            self._free_device_buffers()
             self._forget_devices()
             self._session.release()
             self._publish_up()
@@ -505,6 +508,12 @@ class Collector:
             self._pool.forget(d.uuid)
         self._devices = []
 
+    def _free_device_buffers(self) -> None:
+        """Free what NVML allocated for the devices (GPM sample buffers) before a shutdown."""
+        if self._session.up:
+            for dev in self._devices:
+                free_gpm(dev)
+
     def _count_init_errors(self) -> None:
         errors, self._session.init_errors = self._session.init_errors, []
         for err in errors:
@@ -553,6 +562,6 @@ def _carry(old: Device, fresh: Device) -> None:
         return
     fresh.start_ns = old.start_ns
     fresh.cursors = old.cursors
-    for key in ("energy", "ecc", "process_start"):
+    for key in ("energy", "ecc", "counters", "process_start"):
         if key in old.state:
             fresh.state[key] = old.state[key]

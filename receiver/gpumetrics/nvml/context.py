@@ -116,6 +116,20 @@ class Tick:
     check_index: bool = False
     points: Points = field(default_factory=Points)
 
+    def due(self, state: dict[str, Any], key: str, interval_s: float) -> bool:
+        """Return True (and note the time under ``state[key]``) when a cadence is due.
+
+        ``interval_s`` 0 means off. Due at the first tick and then every ``interval_s`` on the
+        monotonic clock.
+        """
+        if not interval_s:
+            return False
+        last = state.get(key)
+        if last is not None and self.mono_ns - last < round(interval_s * 1e9):
+            return False
+        state[key] = self.mono_ns
+        return True
+
     def wants(self, *metrics: str) -> bool:
         """Return True when at least one of ``metrics`` is collected."""
         return self.ctx.settings.wants(*metrics)

@@ -14,6 +14,10 @@ counted under ``gpumetrics.values.dropped{reason}``; none of them ever substitut
 | bytes (u64) | ``By`` | as is; 2⁶⁴−1 dropped (``sentinel``) | memory, process lists |
 | °C | ``Cel`` | as is; outside −100…200 dropped | temperature calls |
 | count (u64) | ``{error}`` | as is; 2⁶⁴−1 dropped | ECC error counts |
+| MiB/s (double) | ``By/s`` | × 2²⁰; negative dropped | GPM rates |
+| KiB (u64) | ``By`` | × 1024; 2⁶⁴−1 dropped | NVLink data counters |
+| ns / µs | ``s`` | ÷ 10⁹ / ÷ 10⁶ | violation time, encoder latency |
+| % of fan maximum | ratio ``1`` | ÷ 100; above 200 % dropped (may exceed 100 %) | fan speed |
 
 **PCIe "KB" is 1024 bytes.** NVML does not say whether KB means 1000 or 1024 bytes (NVML API
 reference, ``nvmlDeviceGetPcieThroughput``) and it is unverified on hardware. We follow nvitop,
@@ -35,6 +39,11 @@ MAX_CLOCK_MHZ = 100_000
 """No GPU clock domain reaches 100 GHz; larger readings are garbage."""
 TEMPERATURE_RANGE_C = (-100, 200)
 """Plausible GPU temperatures (°C); NVML's signed/unsigned mix makes garbage easy to spot."""
+
+MAX_FAN_PERCENT = 200
+"""NVML's fan speed "may exceed 100%"; a reading above twice the maximum is garbage."""
+MIB = 1 << 20
+KIB = 1 << 10
 
 OUT_OF_RANGE = "out_of_range"
 SENTINEL = "sentinel"
@@ -109,3 +118,46 @@ def count_value(value: int) -> Result:
     if value < 0:
         return None, OUT_OF_RANGE
     return int(value), None
+
+
+def mib_per_s_to_bytes_per_s(value: float) -> Result:
+    """MiB/s (GPM rates) → bytes/s; negative or non-finite readings are dropped."""
+    if not 0 <= value < float("inf"):
+        return None, OUT_OF_RANGE
+    return float(value) * MIB, None
+
+
+def kib_to_bytes(value: int) -> Result:
+    """KiB (NVLink data counters) → bytes; the u64 not-available value is dropped."""
+    if value == U64_NA:
+        return None, SENTINEL
+    if value < 0:
+        return None, OUT_OF_RANGE
+    return int(value) * KIB, None
+
+
+def ns_to_s(value: int) -> Result:
+    """Nanoseconds (violation time) → seconds; the u64 not-available value is dropped."""
+    if value == U64_NA:
+        return None, SENTINEL
+    if value < 0:
+        return None, OUT_OF_RANGE
+    return value / 1e9, None
+
+
+def us_to_s(value: int) -> Result:
+    """Microseconds (encoder latency) → seconds; the u32 not-available value is dropped."""
+    if value == U32_NA:
+        return None, SENTINEL
+    if value < 0:
+        return None, OUT_OF_RANGE
+    return value / 1e6, None
+
+
+def fan_percent_to_ratio(percent: int) -> Result:
+    """Fan speed, % of the fan's maximum → ratio; above :data:`MAX_FAN_PERCENT` dropped."""
+    if percent == U32_NA:
+        return None, SENTINEL
+    if not 0 <= percent <= MAX_FAN_PERCENT:
+        return None, OUT_OF_RANGE
+    return percent / 100.0, None

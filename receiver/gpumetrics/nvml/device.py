@@ -162,6 +162,20 @@ def annotate(source: DeviceAttribution, devices: Iterable[Device], log: logging.
             dev.refresh_attrs()
 
 
+def component_attrs(dev: Device, kind: str, index: int) -> Attributes:
+    """Attributes of component ``index`` of kind ``kind`` (``fan``, ``nvlink``) of GPU ``dev``.
+
+    ``hw.id`` = ``<GPU UUID>:<kind>:<index>``, ``hw.name`` = ``<GPU name>/<kind><index>``,
+    ``hw.parent`` = the GPU's UUID (semantic conventions, ``hw.parent``: the parent component's
+    ``hw.id``).
+    """
+    return (
+        (names.AttrHwID, f"{dev.uuid}:{kind}:{index}"),
+        (names.AttrHwName, f"{dev.gpu.name}/{kind}{index}"),
+        (names.AttrHwParent, dev.uuid),
+    )
+
+
 def new_device(
     ctx: Context,
     gpu: GPU,
@@ -431,5 +445,5 @@ def discover(ctx: Context, system: DeviceCalls, known: dict[str, Device]) -> lis
     return out
 
 
-_CARRIED_STATE = frozenset({"energy", "ecc"})
+_CARRIED_STATE = frozenset({"energy", "ecc", "counters"})
 """Reader state that survives a re-init (counter trackers keep detecting resets)."""

@@ -19,12 +19,10 @@ import pynvml
 from gpumetrics.metrics import names
 from gpumetrics.nvml import convert
 from gpumetrics.nvml.context import Tick
-from gpumetrics.nvml.counters import CounterTracker
+from gpumetrics.nvml.counters import NO_ERROR, CounterTracker, error_series
 from gpumetrics.nvml.device import Device
 
 FUNCTION = "nvmlDeviceGetTotalEccErrors"
-NO_ERROR = ""
-"""Tracker key of the series without ``error.type`` (no error of any type yet)."""
 ERROR_TYPES: tuple[tuple[int, str], ...] = (
     (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
     (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected"),
@@ -59,10 +57,7 @@ def collect_ecc(dev: Device, tick: Tick) -> None:
             continue
         counts[label] = int(value)
     gpu = dev.attrs + ((names.AttrHwType, names.HwTypeGPU),)
-    series = [(label, n) for label, n in counts.items() if n > 0]
-    if counts and not series:
-        series = [(NO_ERROR, 0)]
-    for label, n in series:
+    for label, n in error_series(counts):
         tracker = trackers.get(label)
         if tracker is None:
             tracker = trackers[label] = CounterTracker(

@@ -4,7 +4,13 @@
   own time; when the buffer is empty or unsupported, one ``nvmlDeviceGetPowerUsage`` reading at
   the tick's time (mW → W).
 - ``nvidia.gpu.power.limit``: ``nvmlDeviceGetEnforcedPowerLimit`` (mW → W), the limit the driver
-  actually enforces (all limiters combined). Unsupported (GB10, vGPU) → absent, never 0.
+  actually enforces (all limiters combined). Where the driver does not report it, the
+  management limit set on the board (``nvmlDeviceGetPowerManagementLimit``), with one INFO line
+  saying so. Neither supported (GB10, vGPU) → absent, never 0.
+- ``nvidia.gpu.power.limit.constraint{nvidia.gpu.power.limit.type}``: the board's default
+  management limit (``nvmlDeviceGetPowerManagementDefaultLimit``) and the range a management
+  limit may be set to (``nvmlDeviceGetPowerManagementLimitConstraints``), board constants read
+  once per device and emitted every tick.
 - ``hw.energy{hw.type=gpu}``: ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since driver load → J)
   as a cumulative monotonic Sum with reset detection (:mod:`gpumetrics.nvml.counters`, F23).
   Unsupported before Volta (F07) → absent, called once.
@@ -55,26 +61,64 @@ def collect_power(dev: Device, tick: Tick) -> None:
         _add_w(dev, tick, "nvmlDeviceGetPowerUsage", names.MetricPower, mw, tick.now_ns, attrs)
 
 
+ENFORCED = "nvmlDeviceGetEnforcedPowerLimit"
+MANAGEMENT = "nvmlDeviceGetPowerManagementLimit"
+DEFAULT = "nvmlDeviceGetPowerManagementDefaultLimit"
+CONSTRAINTS = "nvmlDeviceGetPowerManagementLimitConstraints"
+
+
 def collect_power_limit(dev: Device, tick: Tick) -> None:
-    """Add the ``nvidia.gpu.power.limit`` point (enforced limit)."""
+    """Add the ``nvidia.gpu.power.limit`` point (enforced limit, else the management limit)."""
     if not tick.wants(names.MetricGPUPowerLimit):
         return
-    mw = dev.calls.get(
-        "nvmlDeviceGetEnforcedPowerLimit",
-        "nvmlDeviceGetEnforcedPowerLimit",
-        pynvml.nvmlDeviceGetEnforcedPowerLimit,
-        dev.handle,
-    )
+    c = dev.calls
+    function, mw = ENFORCED, None
+    if c.enabled(ENFORCED):
+        mw = c.get(ENFORCED, ENFORCED, pynvml.nvmlDeviceGetEnforcedPowerLimit, dev.handle)
+        if mw is None and c.enabled(ENFORCED):
+            return  # a transient failure: no fallback to a different quantity
+    if mw is None and c.enabled(MANAGEMENT):
+        if not dev.state.get("power_limit_fallback"):
+            dev.state["power_limit_fallback"] = True
+            c.note(ENFORCED, f"not supported; reporting the management limit ({MANAGEMENT})")
+        function = MANAGEMENT
+        mw = c.get(MANAGEMENT, MANAGEMENT, pynvml.nvmlDeviceGetPowerManagementLimit, dev.handle)
     if mw is not None:
-        _add_w(
-            dev,
-            tick,
-            "nvmlDeviceGetEnforcedPowerLimit",
-            names.MetricGPUPowerLimit,
-            mw,
-            tick.now_ns,
-            dev.attrs,
-        )
+        _add_w(dev, tick, function, names.MetricGPUPowerLimit, mw, tick.now_ns, dev.attrs)
+
+
+def _read_constraints(dev: Device) -> dict[str, int] | None:
+    """Return the board's limit constants, or None while a transient failure keeps them unknown."""
+    c = dev.calls
+    known: dict[str, int] = {}
+    default = c.get(DEFAULT, DEFAULT, pynvml.nvmlDeviceGetPowerManagementDefaultLimit, dev.handle)
+    if default is not None:
+        known["default"] = int(default)
+    bounds = c.get(
+        CONSTRAINTS, CONSTRAINTS, pynvml.nvmlDeviceGetPowerManagementLimitConstraints, dev.handle
+    )
+    if bounds is not None:
+        known["min"], known["max"] = int(bounds[0]), int(bounds[1])
+    settled = (default is not None or not c.enabled(DEFAULT)) and (
+        bounds is not None or not c.enabled(CONSTRAINTS)
+    )
+    return known if settled else None
+
+
+def collect_power_constraints(dev: Device, tick: Tick) -> None:
+    """Add the ``nvidia.gpu.power.limit.constraint`` points (read once, emitted every tick)."""
+    if not tick.wants(names.MetricGPUPowerLimitConstraint):
+        return
+    known = dev.state.get("power_constraints")
+    if known is None:
+        known = _read_constraints(dev)
+        if known is None:
+            return
+        dev.state["power_constraints"] = known
+    for label, mw in known.items():
+        function = DEFAULT if label == "default" else CONSTRAINTS
+        attrs = dev.attrs + ((names.AttrPowerLimitType, label),)
+        _add_w(dev, tick, function, names.MetricGPUPowerLimitConstraint, mw, tick.now_ns, attrs)
 
 
 def collect_energy(dev: Device, tick: Tick) -> None:

@@ -7,6 +7,8 @@ and in ``docs/collection.md``. Validation errors name the field (pydantic's ``lo
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpumetrics.metrics.spec import catalogue
@@ -23,7 +25,10 @@ class CollectionSettings(BaseModel):
     - ``pcie_interval_s`` (10.0): PCIe throughput. Each ``nvmlDeviceGetPcieThroughput`` call
       blocks about 20 ms by design (NVML API reference), 40 ms per GPU per read, so it is
       read on a slow cadence; 0 disables it.
-    - ``errors_interval_s`` (10.0): volatile ECC counts (``hw.errors``); 0 disables them.
+    - ``errors_interval_s`` (10.0): error and health counters: volatile ECC counts and NVLink
+      link errors (``hw.errors``), NVLink link state (``hw.network.up``), violation time,
+      remapped rows and retired pages; 0 disables them. All are cumulative (or slow to change),
+      so the slow cadence loses nothing.
     - ``mig_interval_s`` (30.0): re-enumeration of MIG instances (also done at once after a MIG
       handle goes stale).
 
@@ -53,6 +58,8 @@ class CollectionSettings(BaseModel):
     - ``process_metrics`` (True): read per-process lists and utilisation at all.
     - ``disabled_metrics`` (empty): catalogue metric names not to collect; NVML calls that feed
       only disabled metrics are not made.
+    - ``enabled_metrics`` (empty): catalogue metrics that are off by default (``enabled:
+      false``, e.g. ``nvidia.gpu.prof.engine.activity``) to collect too.
     - ``pid_max`` (None → ``<proc_root>/sys/kernel/pid_max``, 4194304 if unreadable): pids above
       it are impossible and dropped.
     - ``proc_root`` (``/proc``): where ``pid_max`` is read.
@@ -74,10 +81,11 @@ class CollectionSettings(BaseModel):
     insufficient_size_attempts: int = Field(default=3, ge=1, le=10)
     process_metrics: bool = True
     disabled_metrics: frozenset[str] = frozenset()
+    enabled_metrics: frozenset[str] = frozenset()
     pid_max: int | None = Field(default=None, ge=1)
     proc_root: str = "/proc"
 
-    @field_validator("disabled_metrics")
+    @field_validator("disabled_metrics", "enabled_metrics")
     @classmethod
     def _known_metrics(cls, value: frozenset[str]) -> frozenset[str]:
         unknown = sorted(set(value) - set(catalogue().metrics))
@@ -95,6 +103,9 @@ class CollectionSettings(BaseModel):
             raise ValueError("device_backoff_max_s: must be >= device_backoff_initial_s")
         if self.init_backoff_max_s < self.init_backoff_initial_s:
             raise ValueError("init_backoff_max_s: must be >= init_backoff_initial_s")
+        both = sorted(self.enabled_metrics & self.disabled_metrics)
+        if both:
+            raise ValueError(f"enabled_metrics: {both} are also in disabled_metrics")
         return self
 
     @property
@@ -102,9 +113,19 @@ class CollectionSettings(BaseModel):
         """The effective per-tick wait for all devices: ``cycle_timeout_s`` or ``interval_s``."""
         return self.cycle_timeout_s if self.cycle_timeout_s is not None else self.interval_s
 
+    @cached_property
+    def off_metrics(self) -> frozenset[str]:
+        """Catalogue metrics not collected.
+
+        ``disabled_metrics``, and the default-off metrics not in ``enabled_metrics``. Computed
+        once (a plain attribute afterwards: :meth:`wants` is asked hundreds of times a tick).
+        """
+        default_off = {n for n, spec in catalogue().metrics.items() if not spec.enabled}
+        return frozenset(self.disabled_metrics | (default_off - self.enabled_metrics))
+
     def wants(self, *metrics: str) -> bool:
-        """Return True when one of ``metrics`` is collected (not in ``disabled_metrics``)."""
-        disabled = self.disabled_metrics
-        if not disabled:  # the common case, asked a few hundred times per cycle
+        """Return True when one of ``metrics`` is collected (not in :attr:`off_metrics`)."""
+        off = self.off_metrics
+        if not off:  # asked a few hundred times per cycle
             return True
-        return any(m not in disabled for m in metrics)
+        return any(m not in off for m in metrics)

@@ -3,15 +3,17 @@
 Order of reads in a tick (each NVML call made at most once; one read feeds every metric that
 needs it):
 
-- GPU without MIG: utilisation (samples, snapshot fallback), encoder/decoder, memory, power
-  (samples, snapshot fallback), power limit, energy, temperature, clocks, clock-event reasons,
-  PCIe (when due), ECC (when due), process utilisation, then the process lists (which filter
-  the utilisation samples).
-- MIG-enabled GPU: board-level values once on the parent (power, limit, energy, temperature,
-  clocks, reasons, PCIe, ECC); utilisation and process utilisation are skipped (documented
-  unsupported under MIG); then, per MIG instance, memory and process lists on the instance
-  handle. Instances are re-enumerated every ``mig_interval_s`` and in the next tick after an
-  instance handle went stale.
+- GPU without MIG: GPM (first, so the two samples of a pair are one tick apart), utilisation
+  (samples, snapshot fallback), encoder/decoder, memory, then the board: power (samples,
+  snapshot fallback), power limits, energy, temperature, clocks, clock-event reasons, P-state,
+  fans, BAR1, encoder sessions, NVLink data counters, PCIe (when due), ECC, NVLink links,
+  violation counters and memory repair (when ``errors_interval_s`` is due); then process
+  utilisation and the process lists (which filter the utilisation samples).
+- MIG-enabled GPU: board-level values once on the parent (the board list above);
+  utilisation and process utilisation are skipped (documented unsupported under MIG); GPM on
+  the parent (the whole GPU) and per GPU instance, after the instances are known; then, per MIG
+  instance, memory and process lists on the instance handle. Instances are re-enumerated every
+  ``mig_interval_s`` and in the next tick after an instance handle went stale.
 
 While some GPU is failed, each tick first checks the device's index (``nvmlDeviceGetIndex``)
 and re-reads its identity if it moved (F11 variant B). A failed device gets only its back-off
@@ -24,30 +26,50 @@ from __future__ import annotations
 
 import pynvml
 
+from gpumetrics.nvml.board import collect_bar1, collect_encoder_stats, collect_pstate
 from gpumetrics.nvml.calls import DeviceLost
 from gpumetrics.nvml.clocks import collect_clocks, collect_event_reasons
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.device import Device, check_index, enumerate_mig, read_physical
 from gpumetrics.nvml.ecc import collect_ecc
+from gpumetrics.nvml.fans import collect_fans
+from gpumetrics.nvml.gpm import collect_gpm, free_gpm
 from gpumetrics.nvml.memory import collect_memory
+from gpumetrics.nvml.memory_health import collect_memory_health
+from gpumetrics.nvml.nvlink import collect_nvlink_io, collect_nvlink_links
 from gpumetrics.nvml.pcie import collect_pcie
-from gpumetrics.nvml.power import collect_energy, collect_power, collect_power_limit
+from gpumetrics.nvml.power import (
+    collect_energy,
+    collect_power,
+    collect_power_constraints,
+    collect_power_limit,
+)
 from gpumetrics.nvml.processes import collect_process_memory, read_processes
 from gpumetrics.nvml.procutil import collect_process_utilization, read_process_utilization
 from gpumetrics.nvml.query import QueryError
 from gpumetrics.nvml.thermal import collect_temperature
 from gpumetrics.nvml.utilization import collect_codec, collect_utilization
+from gpumetrics.nvml.violations import collect_violations
 
 
 def _board(dev: Device, tick: Tick) -> None:
     collect_power(dev, tick)
     collect_power_limit(dev, tick)
+    collect_power_constraints(dev, tick)
     collect_energy(dev, tick)
     collect_temperature(dev, tick)
     collect_clocks(dev, tick)
     collect_event_reasons(dev, tick)
+    collect_pstate(dev, tick)
+    collect_fans(dev, tick)
+    collect_bar1(dev, tick)
+    collect_encoder_stats(dev, tick)
+    collect_nvlink_io(dev, tick)
     collect_pcie(dev, tick)
     collect_ecc(dev, tick)
+    collect_nvlink_links(dev, tick)
+    collect_violations(dev, tick)
+    collect_memory_health(dev, tick)
 
 
 def _processes(dev: Device, tick: Tick, utilization: bool) -> None:
@@ -86,10 +108,19 @@ def run_tick(dev: Device, tick: Tick) -> None:
     """Read every due metric of a healthy physical GPU into ``tick.points``.
 
     Raises:
-        DeviceLost: the GPU is lost (its points for this tick must be discarded).
+        DeviceLost: the GPU is lost (its points for this tick must be discarded; its GPM
+            sample buffers are freed first).
         LibraryDown: a lifecycle code (every device's points must be discarded).
 
     """
+    try:
+        _read_device(dev, tick)
+    except DeviceLost:
+        free_gpm(dev)
+        raise
+
+
+def _read_device(dev: Device, tick: Tick) -> None:
     dev.calls.begin_tick()
     if tick.check_index:
         check_index(tick.ctx, dev)
@@ -99,10 +130,12 @@ def run_tick(dev: Device, tick: Tick) -> None:
         due = last is None or tick.mono_ns - last >= round(tick.ctx.settings.mig_interval_s * 1e9)
         if due or dev.state.pop("mig_stale", False):
             enumerate_mig(tick.ctx, dev, tick.now_ns)
+        collect_gpm(dev, tick)
         for inst in list(dev.instances.values()):
             if _instance(inst, tick):
                 dev.state["mig_stale"] = True
     else:
+        collect_gpm(dev, tick)
         collect_utilization(dev, tick)
         collect_codec(dev, tick)
         collect_memory(dev, tick)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from nvmlsim.driver_profiles import ALL_SYMBOLS, DRIVER_PROFILES
 from nvmlsim.fields import OVERRIDE_FIELDS
+from nvmlsim.model.board import GPM_PERCENT_IDS, Gpm, GpmInstance
 from nvmlsim.model.devices import U32, U64, Device, Memory, Process, ProcessSet
 from nvmlsim.model.scenario import Scenario
 from nvmlsim.model.values import Dyn, bounds
@@ -76,8 +77,37 @@ def _processes(path: str, procs: list[Process], sets: list[ProcessSet]) -> Itera
             yield from _range(f"{sp}.used_memory_bytes", s.used_memory_bytes, 0, U64 - 1)
 
 
+def _gpm(path: str, gpm: Gpm | GpmInstance | None) -> Iterator[Problem]:
+    if gpm is None:
+        return
+    for metric_id, value in gpm.metrics.items():
+        high = 100 if metric_id in GPM_PERCENT_IDS else math.inf
+        yield from _range(f"{path}.metrics[{metric_id}]", value, 0, high)
+
+
+def _board(path: str, dev: Device) -> Iterator[Problem]:
+    for i, fan in enumerate(dev.fans_percent or ()):
+        yield from _range(f"{path}.fans_percent[{i}]", fan, 0, U32)
+    yield from _gpm(f"{path}.gpm", dev.gpm)
+    if dev.bar1 is not None:
+        yield from _range(f"{path}.bar1.used_bytes", dev.bar1.used_bytes, 0, dev.bar1.total_bytes)
+    if dev.violations_ns is not None:
+        for key in type(dev.violations_ns).model_fields:
+            yield from _range(
+                f"{path}.violations_ns.{key}", getattr(dev.violations_ns, key), 0, U64
+            )
+    if dev.nvlink is not None:
+        for key in ("data_tx_kib", "data_rx_kib"):
+            yield from _range(f"{path}.nvlink.{key}", getattr(dev.nvlink, key), 0, U64)
+    power = dev.power
+    if power.min_limit_mw is not None and power.max_limit_mw is not None:
+        if power.min_limit_mw > power.max_limit_mw:
+            yield (f"{path}.power.min_limit_mw", "must be <= power.max_limit_mw")
+
+
 def _device(path: str, dev: Device) -> Iterator[Problem]:
     yield from _memory(f"{path}.memory", dev.memory)
+    yield from _board(path, dev)
     yield from _range(f"{path}.power.usage_mw", dev.power.usage_mw, 0, U32)
     yield from _range(f"{path}.energy_mj", dev.energy_mj, 0, U64)
     yield from _range(f"{path}.temperature_c", dev.temperature_c, -273, 0x7FFFFFFF)
@@ -104,6 +134,7 @@ def _device(path: str, dev: Device) -> Iterator[Problem]:
         yield (f"{path}.processes", "with MIG enabled, processes belong under mig.instances[]")
     slots: dict[int, int] = {}
     ids: dict[tuple[int, int], int] = {}
+    gpm_gis: dict[int, int] = {}
     for i, inst in enumerate(dev.mig.instances):
         ip = f"{path}.mig.instances[{i}]"
         if inst.slot >= dev.mig.max_devices:
@@ -115,6 +146,15 @@ def _device(path: str, dev: Device) -> Iterator[Problem]:
         if pair in ids:
             yield (f"{ip}.compute_instance_id", f"GI/CI pair duplicates instances[{ids[pair]}]")
         ids[pair] = i
+        if inst.gpm is not None:
+            if inst.gpu_instance_id in gpm_gis:
+                yield (
+                    f"{ip}.gpm",
+                    f"GPU instance {inst.gpu_instance_id} already has gpm in "
+                    f"instances[{gpm_gis[inst.gpu_instance_id]}] (GPM is per GPU instance)",
+                )
+            gpm_gis[inst.gpu_instance_id] = i
+            yield from _gpm(f"{ip}.gpm", inst.gpm)
         yield from _memory(f"{ip}.memory", inst.memory)
         yield from _processes(ip, inst.processes, inst.process_sets)
 

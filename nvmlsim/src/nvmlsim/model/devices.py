@@ -12,7 +12,17 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from nvmlsim.eventtypes import event_type_bit
-from nvmlsim.model.values import Code, Dyn, RawBytes, Strict, ValueType, Window
+from nvmlsim.model.board import (
+    Bar1,
+    EncoderStats,
+    Gpm,
+    GpmInstance,
+    NvLink,
+    RemappedRows,
+    RetiredPages,
+    Violations,
+)
+from nvmlsim.model.values import Code, Dyn, RawBytes, Strict, ValueType, Window, named_keys
 
 __all__ = [
     "Memory",
@@ -58,11 +68,19 @@ class Memory(Strict):
 
 
 class Power(Strict):
-    """Board power and limits in milliwatts (``nvmlDeviceGetPowerUsage`` and limits)."""
+    """Board power and limits in milliwatts (``nvmlDeviceGetPowerUsage`` and limits).
+
+    ``default_limit_mw`` answers ``nvmlDeviceGetPowerManagementDefaultLimit``;
+    ``min_limit_mw`` and ``max_limit_mw`` together answer
+    ``nvmlDeviceGetPowerManagementLimitConstraints`` (NOT_SUPPORTED unless both are given).
+    """
 
     usage_mw: Dyn | None = None
     management_limit_mw: int | None = Field(default=None, ge=0, le=U32)
     enforced_limit_mw: int | None = Field(default=None, ge=0, le=U32)
+    default_limit_mw: int | None = Field(default=None, ge=0, le=U32)
+    min_limit_mw: int | None = Field(default=None, ge=0, le=U32)
+    max_limit_mw: int | None = Field(default=None, ge=0, le=U32)
 
 
 class Clocks(Strict):
@@ -264,6 +282,7 @@ class MigInstance(Strict):
     uuid: str = Field(min_length=1)
     name: str = "NVIDIA MIG device"
     memory: Memory | None = None
+    gpm: GpmInstance | None = None
     processes: list[Process] = Field(default_factory=list)
     process_sets: list[ProcessSet] = Field(default_factory=list)
 
@@ -300,24 +319,7 @@ class ConfCompute(Strict):
 
 
 def _field_ids(value: object) -> object:
-    if not isinstance(value, dict):
-        return value
-    import pynvml
-
-    out: dict[object, object] = {}
-    for key, item in value.items():
-        if isinstance(key, str) and not key.isdigit():
-            name = key.upper()
-            name = name if name.startswith("NVML_FI_") else f"NVML_FI_DEV_{name}"
-            number = getattr(pynvml, name, None)
-            if not isinstance(number, int):
-                raise ValueError(f"unknown NVML field id {key!r} (use a number or NVML_FI_* name)")
-            key = number
-        key = int(key) if isinstance(key, str) else key
-        if key in out:
-            raise ValueError(f"field id {key} is given twice")
-        out[key] = item
-    return out
+    return named_keys(value, "NVML_FI_", "NVML_FI_DEV_", "NVML field id")
 
 
 class FieldValue(Strict):
@@ -345,7 +347,12 @@ class Device(Strict):
     """One physical GPU. ``index`` defaults to the position in ``devices``.
 
     ``field_values`` answers ``nvmlDeviceGetFieldValues``, keyed by field id: a number or an
-    ``NVML_FI_*`` name (``POWER_INSTANT`` is short for ``NVML_FI_DEV_POWER_INSTANT``).
+    ``NVML_FI_*`` name (``POWER_INSTANT`` is short for ``NVML_FI_DEV_POWER_INSTANT``); the
+    NVLink and retired-page fields come from ``nvlink`` and ``retired_pages`` unless given
+    here. ``fans_percent`` lists each fan's speed (``nvmlDeviceGetNumFans``,
+    ``nvmlDeviceGetFanSpeed_v2``); the models of ``gpm``, ``nvlink``, ``bar1``,
+    ``remapped_rows``, ``retired_pages``, ``violations_ns`` and ``encoder_stats`` are in
+    :mod:`nvmlsim.model.board`.
     ``process_lists: false`` makes every running-process call (all versions and
     ``nvmlDeviceGetRunningProcessDetailList``) answer NOT_SUPPORTED, as Jetson's integrated GPU
     does (an empty list would say "nothing runs", which is a different answer).
@@ -368,6 +375,7 @@ class Device(Strict):
     energy_mj: Dyn | None = None
     temperature_c: Dyn | None = None
     fan_percent: Dyn | None = None
+    fans_percent: list[Dyn] | None = Field(default=None, min_length=1, max_length=32)
     pstate: int | None = Field(default=None, ge=0, le=32)
     clocks_mhz: Clocks = Field(default_factory=Clocks)
     clocks_event_reasons: Dyn | None = None
@@ -380,6 +388,13 @@ class Device(Strict):
     process_utilization: ProcessUtilizationSpec | None = None
     mig: Mig | None = None
     conf_compute: ConfCompute | None = None
+    gpm: Gpm | None = None
+    nvlink: NvLink | None = None
+    bar1: Bar1 | None = None
+    remapped_rows: RemappedRows | None = None
+    retired_pages: RetiredPages | None = None
+    violations_ns: Violations | None = None
+    encoder_stats: EncoderStats | None = None
     field_values: Annotated[dict[int, FieldValue], BeforeValidator(_field_ids)] = Field(
         default_factory=dict
     )

@@ -40,6 +40,7 @@ __all__ = [
     "VALUE_TYPES",
     "ValueType",
     "Window",
+    "named_keys",
 ]
 
 
@@ -223,3 +224,35 @@ class Window(Strict):
         if self.from_s is not None and t < self.from_s:
             return False
         return not (self.until_s is not None and t >= self.until_s)
+
+
+def named_keys(value: object, prefix: str, default_prefix: str, what: str) -> object:
+    """Turn the keys of a mapping from NVML constant names into their numbers.
+
+    A key is a number, a full name (``NVML_FI_DEV_POWER_INSTANT``) starting with ``prefix``, or
+    a short one that ``default_prefix`` completes (``POWER_INSTANT``). Used as a pydantic
+    ``BeforeValidator``; anything but a mapping is left for the field's own validation.
+
+    Raises:
+        ValueError: naming the key, for a name nvidia-ml-py does not define or a key given
+            twice (``what`` says what the keys are, for the message).
+
+    """
+    if not isinstance(value, dict):
+        return value
+    import pynvml
+
+    out: dict[object, object] = {}
+    for key, item in value.items():
+        if isinstance(key, str) and not key.isdigit():
+            name = key.upper()
+            name = name if name.startswith(prefix) else f"{default_prefix}{name}"
+            number = getattr(pynvml, name, None)
+            if not isinstance(number, int):
+                raise ValueError(f"unknown {what} {key!r} (use a number or a {prefix}* name)")
+            key = number
+        key = int(key) if isinstance(key, str) else key
+        if key in out:
+            raise ValueError(f"{what} {key} is given twice")
+        out[key] = item
+    return out

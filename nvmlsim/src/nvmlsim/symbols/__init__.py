@@ -7,8 +7,10 @@ profile decides which of them the simulated library exports.
 from __future__ import annotations
 
 from nvmlsim.symbols import (
+    board,
     events,
     fieldvalues,
+    gpm,
     identity,
     memory,
     mig,
@@ -35,6 +37,8 @@ _MODULES = (
     mig,
     fieldvalues,
     events,
+    gpm,
+    board,
 )
 
 

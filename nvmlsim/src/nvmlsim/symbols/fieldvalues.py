@@ -3,6 +3,12 @@
 The call itself succeeds; every requested field answers its own ``nvmlReturn``: SUCCESS with
 the scenario's ``field_values`` entry (matching the scope id if the entry names one), or
 NOT_SUPPORTED for fields the device does not report (``NVML_FI_DEV_POWER_*`` with scope ids).
+
+Fields derived from the device's models, unless ``field_values`` names them:
+``NVML_FI_DEV_NVLINK_LINK_COUNT`` (91), ``…_THROUGHPUT_DATA_TX`` / ``_RX`` (138/139, the GPU's
+cumulative KiB over all links, any scope id), the error totals ``…_CRC_FLIT_ERROR_COUNT_TOTAL``
+(38), ``…_CRC_DATA_…`` (45), ``…_REPLAY_…`` (52), ``…_RECOVERY_…`` (59) from ``nvlink``;
+``NVML_FI_DEV_RETIRED_SBE`` / ``_DBE`` / ``_PENDING`` (29/30/31) from ``retired_pages``.
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from nvmlsim import codes
 from nvmlsim.memio import view
-from nvmlsim.model.values import evaluate
+from nvmlsim.model.devices import FieldValue
+from nvmlsim.model.values import Dyn, evaluate
 from nvmlsim.samples import encode_value
 from nvmlsim.symbols.base import I32, Call, P, Symbol
 from nvmlsim.world import DeviceState
@@ -28,6 +35,31 @@ FIELD_VALUE = struct.Struct("<IIqqII8s")
 _KEY = struct.Struct("<II")
 
 
+_ULL = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+_UINT = 1  # NVML_VALUE_TYPE_UNSIGNED_INT
+_NVLINK_ERROR_TOTALS = {38: "crc_flit", 45: "crc_data", 52: "replay", 59: "recovery"}
+
+
+def _derived(dev: DeviceState, field_id: int, call: Call) -> FieldValue | None:
+    """Return the value of a field the device's models answer, or None (NOT_SUPPORTED)."""
+    nvlink, retired = dev.spec.nvlink, dev.spec.retired_pages
+    if nvlink is not None:
+        if field_id == 91:
+            return FieldValue(value=nvlink.links, value_type=_UINT)
+        if field_id in (138, 139):
+            return FieldValue(value=nvlink.data_tx_kib if field_id == 138 else nvlink.data_rx_kib)
+        if field_id in _NVLINK_ERROR_TOTALS:
+            key = _NVLINK_ERROR_TOTALS[field_id]
+            total: Dyn = sum(
+                round(evaluate(getattr(e, key), call.t, call.cycle)) for e in nvlink.errors.values()
+            )
+            return FieldValue(value=total)
+    if retired is not None and field_id in (29, 30, 31):
+        value = {29: retired.single_bit, 30: retired.double_bit, 31: int(retired.pending)}
+        return FieldValue(value=value[field_id])
+    return None
+
+
 def _field_values(
     drv: SimDriver, call: Call, target: DeviceState, h: int, count: int, values: int
 ) -> int:
@@ -38,6 +70,8 @@ def _field_values(
         offset = i * FIELD_VALUE.size
         field_id, scope = _KEY.unpack_from(memory, offset)  # type: ignore[arg-type]
         spec = target.spec.field_values.get(field_id)
+        if spec is None:
+            spec = _derived(target, field_id, call)
         if spec is None or (spec.scope_id is not None and spec.scope_id != scope):
             row = (field_id, scope, 0, 0, 0, codes.NOT_SUPPORTED, bytes(8))
         else:

@@ -1,4 +1,4 @@
-"""Temperature, fan, P-state, clocks, clock-event reasons, PCIe throughput and ECC counters.
+"""Temperature, P-state, clocks, clock-event reasons, PCIe throughput and ECC counters.
 
 Units as NVML: °C, percent, MHz, KB/s, counts (NVML API reference). An enum argument
 outside the documented range answers INVALID_ARGUMENT (``NVML_PCIE_UTIL_COUNT`` = 2 is not a
@@ -113,7 +113,6 @@ def _spec(name: str) -> Callable[[DeviceState, Any], Any]:
 SYMBOLS = [
     Symbol("nvmlDeviceGetTemperature", (P, U32, P), _indexed(_temperature, put_u32), arg=1),
     Symbol("nvmlDeviceGetTemperatureV", (P, P), _temperature_v),
-    Symbol("nvmlDeviceGetFanSpeed", (P, P), reading(_spec("fan_percent"), put_u32)),
     Symbol("nvmlDeviceGetPerformanceState", (P, P), reading(_spec("pstate"), put_u32)),
     Symbol("nvmlDeviceGetClockInfo", (P, U32, P), _indexed(_clock, put_u32), arg=1),
     Symbol(

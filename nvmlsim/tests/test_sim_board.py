@@ -1,0 +1,175 @@
+"""NVLink, fans, BAR1, remapped rows, retired pages, violations, encoder stats and power limits
+through the real nvidia-ml-py wrappers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pynvml
+import pytest
+
+import nvmlsim as sim
+
+from .sim_helpers import UUID0
+
+BOARD: dict[str, Any] = {
+    "uuid": UUID0,
+    "power": {
+        "usage_mw": 300000,
+        "default_limit_mw": 700000,
+        "min_limit_mw": 200000,
+        "max_limit_mw": 700000,
+    },
+    "fans_percent": [40, {"pattern": "trace", "values": [50, 55]}],
+    "bar1": {"total_bytes": 137438953472, "used_bytes": 33554432},
+    "remapped_rows": {"correctable": 2, "uncorrectable": 1, "pending": True},
+    "retired_pages": {"single_bit": 3, "double_bit": 1},
+    "violations_ns": {"power": {"pattern": "ramp", "start": 1000, "per_s": 500000000}},
+    "encoder_stats": {"sessions": 2, "average_fps": 60, "average_latency_us": 1800},
+    "nvlink": {
+        "links": 4,
+        "down": [2],
+        "data_tx_kib": {"pattern": "ramp", "start": 1000, "per_s": 100},
+        "data_rx_kib": 77,
+        "errors": {1: {"replay": 5, "crc_flit": 2}, 3: {"replay": 1}},
+    },
+}
+
+
+def _scenario(device: dict[str, Any] | None = None, **driver: Any) -> dict[str, Any]:
+    return {"format": 1, "driver": driver, "devices": [device or BOARD]}
+
+
+def test_nvlink_state_errors_and_field_values(simulate):
+    drv = simulate(_scenario(), latency="off")
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert [pynvml.nvmlDeviceGetNvLinkState(h, link) for link in range(4)] == [1, 1, 0, 1]
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetNvLinkState(h, 4)
+    counts = [
+        pynvml.nvmlDeviceGetNvLinkErrorCounter(h, 1, c)
+        for c in (
+            pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+            pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+            pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+            pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+        )
+    ]
+    assert counts == [5, 0, 2, 0]
+    drv.advance(2.0)
+    fields = [
+        pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT,
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+        pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX,
+    ]
+    values = pynvml.nvmlDeviceGetFieldValues(h, fields)
+    assert [v.nvmlReturn for v in values] == [0, 0, 0, 0, pynvml.NVML_ERROR_NOT_SUPPORTED]
+    assert values[0].value.uiVal == 4
+    assert [values[i].value.ullVal for i in (1, 2, 3)] == [1200, 77, 6]
+
+
+def test_fans_bar1_pstate_less_devices_and_encoder_stats(simulate):
+    drv = simulate(_scenario(), latency="off")
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceGetNumFans(h) == 2
+    assert [pynvml.nvmlDeviceGetFanSpeed_v2(h, f) for f in (0, 1)] == [40, 50]
+    assert pynvml.nvmlDeviceGetFanSpeed(h) == 40  # fan 0
+    drv.next_cycle()
+    assert pynvml.nvmlDeviceGetFanSpeed_v2(h, 1) == 55
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetFanSpeed_v2(h, 2)
+    bar1 = pynvml.nvmlDeviceGetBAR1MemoryInfo(h)
+    assert (bar1.bar1Total, bar1.bar1Used, bar1.bar1Free) == (
+        137438953472,
+        33554432,
+        137438953472 - 33554432,
+    )
+    assert pynvml.nvmlDeviceGetEncoderStats(h) == (2, 60, 1800)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetPerformanceState(h)  # not in the scenario
+
+
+def test_remapped_rows_retired_pages_violations_and_power_limits(simulate):
+    drv = simulate(_scenario(), latency="off")
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceGetRemappedRows(h) == (2, 1, 1, 0)
+    retired = pynvml.nvmlDeviceGetFieldValues(
+        h,
+        [
+            pynvml.NVML_FI_DEV_RETIRED_SBE,
+            pynvml.NVML_FI_DEV_RETIRED_DBE,
+            pynvml.NVML_FI_DEV_RETIRED_PENDING,
+        ],
+    )
+    assert [(v.nvmlReturn, v.value.ullVal) for v in retired] == [(0, 3), (0, 1), (0, 0)]
+    drv.advance(2.0)
+    status = pynvml.nvmlDeviceGetViolationStatus(h, pynvml.NVML_PERF_POLICY_POWER)
+    assert status.violationTime == 1000 + 1_000_000_000
+    assert status.referenceTime == drv.now_us
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetViolationStatus(h, pynvml.NVML_PERF_POLICY_THERMAL)
+    assert pynvml.nvmlDeviceGetPowerManagementDefaultLimit(h) == 700000
+    assert pynvml.nvmlDeviceGetPowerManagementLimitConstraints(h) == [200000, 700000]
+
+
+def test_omitted_readings_answer_not_supported(simulate):
+    simulate(_scenario({"uuid": UUID0}))
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    for call in (
+        lambda: pynvml.nvmlDeviceGetNvLinkState(h, 0),
+        lambda: pynvml.nvmlDeviceGetNumFans(h),
+        lambda: pynvml.nvmlDeviceGetBAR1MemoryInfo(h),
+        lambda: pynvml.nvmlDeviceGetRemappedRows(h),
+        lambda: pynvml.nvmlDeviceGetViolationStatus(h, 0),
+        lambda: pynvml.nvmlDeviceGetEncoderStats(h),
+        lambda: pynvml.nvmlDeviceGetPowerManagementDefaultLimit(h),
+        lambda: pynvml.nvmlDeviceGetPowerManagementLimitConstraints(h),
+    ):
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            call()
+
+
+def test_the_440_driver_has_no_remapped_rows_or_per_fan_calls(simulate):
+    simulate(_scenario(profile="440"))
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    for call in (
+        lambda: pynvml.nvmlDeviceGetRemappedRows(h),
+        lambda: pynvml.nvmlDeviceGetNumFans(h),
+        lambda: pynvml.nvmlDeviceGetFanSpeed_v2(h, 0),
+    ):
+        with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+            call()
+
+
+def test_board_calls_answer_not_supported_on_mig_handles_and_encoder_under_mig(simulate):
+    simulate("h100-mig")
+    parent = pynvml.nvmlDeviceGetHandleByIndex(0)
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
+    for call in (
+        lambda: pynvml.nvmlDeviceGetBAR1MemoryInfo(mig),
+        lambda: pynvml.nvmlDeviceGetNvLinkState(mig, 0),
+        lambda: pynvml.nvmlGpmQueryDeviceSupport(mig),
+        lambda: pynvml.nvmlDeviceGetEncoderStats(parent),  # MIG enabled
+    ):
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            call()
+    assert pynvml.nvmlDeviceGetBAR1MemoryInfo(parent).bar1Total == 137438953472
+
+
+@pytest.mark.parametrize(
+    "change, path",
+    [
+        ({"nvlink": {"links": 4, "down": [9]}}, "devices[0].nvlink"),
+        ({"bar1": {"total_bytes": 10, "used_bytes": 11}}, "devices[0].bar1.used_bytes"),
+        ({"fans_percent": [-1]}, "devices[0].fans_percent[0]"),
+        (
+            {"power": {"min_limit_mw": 9, "max_limit_mw": 8}},
+            "devices[0].power.min_limit_mw",
+        ),
+    ],
+)
+def test_board_scenario_errors_name_the_field(change, path):
+    with pytest.raises(sim.ScenarioError, match=path.replace("[", r"\[").replace("]", r"\]")):
+        sim.scenario_from_data(_scenario({"uuid": UUID0, **change}))

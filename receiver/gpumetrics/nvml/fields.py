@@ -1,0 +1,103 @@
+"""``nvmlDeviceGetFieldValues`` with a per-field capability cache.
+
+One call reads many fields; the call itself succeeds and each field carries its own
+``nvmlReturn`` (NVML API reference, ``nvmlDeviceGetFieldValues`` and ``nvmlFieldValue_t``). A
+field answering NOT_SUPPORTED, NO_PERMISSION or FUNCTION_NOT_FOUND (a driver that does not know
+the id) is left out of this device's later requests until the next NVML init, counted once in
+``gpumetrics.nvml.errors{nvml.function="nvmlDeviceGetFieldValues:<field>"}`` and logged in one
+INFO line per call that found some, so a device without NVLink costs one call and one line,
+not a warning per field per tick. When no requested field is left, no call is made.
+
+Values are decoded through the union member their ``valueType`` names
+(:func:`gpumetrics.nvml.samples.decode_value`); an unknown type drops the field's value for
+this read (``unknown_value_type``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pynvml
+
+from gpumetrics.nvml.calls import NVML_ERRORS
+from gpumetrics.nvml.context import Tick
+from gpumetrics.nvml.device import Device
+from gpumetrics.nvml.query import code_name
+from gpumetrics.nvml.samples import decode_value
+
+FUNCTION = "nvmlDeviceGetFieldValues"
+_DISABLING = frozenset(
+    {
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    }
+)
+_NAMES = {
+    int(getattr(pynvml, n)): n
+    for n in dir(pynvml)
+    if n.startswith("NVML_FI_DEV_") and isinstance(getattr(pynvml, n), int)
+}
+
+
+def field_name(field_id: int) -> str:
+    """``NVML_FI_DEV_…`` name of ``field_id`` (``field_<n>`` when the binding lacks it)."""
+    return _NAMES.get(field_id, f"field_{field_id}")
+
+
+def read_fields(
+    dev: Device, tick: Tick, purpose: str, fields: Sequence[int]
+) -> dict[int, int | float]:
+    """Read ``fields`` of ``dev`` in one call; return the values of those that answered.
+
+    Args:
+        dev: the device (its call gate and per-field cache).
+        tick: the tick (telemetry, log).
+        purpose: names the read in the capability key (``nvmlDeviceGetFieldValues:<purpose>``),
+            so an unusable call for one concern does not disable the others.
+        fields: ``NVML_FI_DEV_*`` ids (scope 0).
+
+    Returns:
+        ``{field id: value}`` for fields that answered SUCCESS; empty when none is left or the
+        call failed.
+
+    Raises:
+        DeviceLost, LibraryDown: as from the gate.
+
+    """
+    dropped: set[int] = dev.state.setdefault("fields_disabled", set())
+    wanted = [f for f in fields if f not in dropped]
+    if not wanted:
+        return {}
+    values = dev.calls.get(
+        f"{FUNCTION}:{purpose}", FUNCTION, pynvml.nvmlDeviceGetFieldValues, dev.handle, wanted
+    )
+    if values is None:
+        return {}
+    out: dict[int, int | float] = {}
+    unsupported = []
+    for fv in values:
+        field_id, ret = int(fv.fieldId), int(fv.nvmlReturn)
+        if ret == pynvml.NVML_SUCCESS:
+            value = decode_value(int(fv.valueType), fv.value)
+            if value is None:
+                dev.calls.drop(FUNCTION, "unknown_value_type", detail=field_name(field_id))
+                continue
+            out[field_id] = value
+            continue
+        tick.ctx.telemetry.add(
+            NVML_ERRORS,
+            1,
+            {
+                "nvml.function": f"{FUNCTION}:{field_name(field_id)}",
+                "nvml.return_code": code_name(ret),
+            },
+        )
+        if ret in _DISABLING:
+            dropped.add(field_id)
+            unsupported.append(f"{field_name(field_id)} ({code_name(ret)})")
+    if unsupported:
+        dev.calls.note(
+            FUNCTION, "fields not answered, not asked again on this GPU: " + ", ".join(unsupported)
+        )
+    return out
