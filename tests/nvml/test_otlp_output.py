@@ -6,8 +6,9 @@ from gpumetrics.metrics.spec import Instrument, ValueType, catalogue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 CUMULATIVE = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
-STEADY = {"cycle_timeout_s": 60.0}
-"""A cycle deadline no loaded machine reaches: these outputs must not depend on wall time."""
+STEADY = {"cycle_timeout_s": 60.0, "call_timeout_s": 60.0}
+"""Deadlines no loaded machine reaches: these outputs must not depend on wall time (a simulated
+call past the default 2 s per-call deadline on a busy machine put a timeout in the output)."""
 PROFILES = ["h100-sxm", "h100-8x-training", "a100-mig", "h100-mig", "gb10"]
 
 
