@@ -256,13 +256,14 @@ func TestResourcesThatCannotBeDeclared(t *testing.T) {
 	r.proc.set(602, 1)
 	ok := pd.ResourceProfiles().AppendEmpty().Resource().Attributes()
 	ok.PutInt("process.pid", 602)
-	ok.PutStr("process.environment_variable.PATH", "/usr/bin") // not OTEL_*: resource only
+	ok.PutStr("process.environment_variable.PATH", "/usr/bin") // any captured name is declared
+	ok.PutStr("process.environment_variable.A=B", "x")         // a name the sidecar refuses: resource only
 	ok.PutStr("process.environment_variable.OTEL_SERVICE_NAME", "svc")
 	r.consume(t, pd)
 
 	events := r.srv.WaitFor(t, "declare(602)", allDeclared([]uint32{602}))
-	assert.Equal(t, map[string]string{"OTEL_SERVICE_NAME": "svc"}, envOf(declaretest.LastDeclare(events, 602)))
-	assert.Equal(t, "/usr/bin", declaredAttrs(t, declaretest.LastDeclare(events, 602))["process.environment_variable.PATH"])
+	assert.Equal(t, map[string]string{"OTEL_SERVICE_NAME": "svc", "PATH": "/usr/bin"}, envOf(declaretest.LastDeclare(events, 602)))
+	assert.Equal(t, "x", declaredAttrs(t, declaretest.LastDeclare(events, 602))["process.environment_variable.A=B"])
 	assert.Equal(t, 1, countKind(events, "declare", 0))
 	reason := func(v string) attribute.KeyValue { return attribute.String("reason", v) }
 	assert.Equal(t, int64(3), r.env.metric(t, "otelcol_gpumetrics_exporter_declarations_failed", reason("no_pid")))

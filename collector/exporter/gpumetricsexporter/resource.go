@@ -2,7 +2,6 @@ package gpumetricsexporter
 
 import (
 	"math"
-	"regexp"
 	"strings"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
@@ -18,9 +17,11 @@ const (
 	envPrefix = "process.environment_variable."
 )
 
-// envNamePattern is the sidecar's rule for a declared environment variable's name
-// (docs/protocol.md): only OTEL_* variables are captured there.
-var envNamePattern = regexp.MustCompile(`^OTEL_[A-Za-z0-9_]*$`)
+// validEnvName is the sidecar's rule for a declared environment variable's name
+// (docs/protocol.md): any non-empty name without '=' or NUL, as the profiler captures it.
+func validEnvName(name string) bool {
+	return name != "" && !strings.ContainsAny(name, "=\x00")
+}
 
 // processPID returns the resource's process.pid when it is an int in 1..2^32-1 (semconv types it
 // int; a string pid would not join with the sidecar's int process.pid).
@@ -36,14 +37,14 @@ func processPID(attrs pcommon.Map) (uint32, bool) {
 	return uint32(pid), true
 }
 
-// environment returns the OTEL_* variables among the resource's
-// process.environment_variable.<NAME> attributes (string values without NUL), for the
-// declaration's `environment`; other names stay in the resource only (the sidecar refuses them).
+// environment returns the resource's process.environment_variable.<NAME> attributes (string
+// values without NUL, names the sidecar accepts), for the declaration's `environment`; the
+// resource itself keeps every attribute as it is.
 func environment(attrs pcommon.Map) []declarer.EnvVar {
 	var env []declarer.EnvVar
 	attrs.Range(func(k string, v pcommon.Value) bool {
 		name, ok := strings.CutPrefix(k, envPrefix)
-		if !ok || !envNamePattern.MatchString(name) || v.Type() != pcommon.ValueTypeStr {
+		if !ok || !validEnvName(name) || v.Type() != pcommon.ValueTypeStr {
 			return true
 		}
 		if s := v.Str(); !strings.ContainsRune(s, 0) {

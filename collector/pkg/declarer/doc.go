@@ -6,7 +6,7 @@
 // The API is three calls on a Client, all non-blocking and safe for concurrent use:
 //
 //   - Declare(Process) records a process's latest declaration (pid, start time, the profile
-//     resource's attributes, captured OTEL_* variables); only a declaration whose fingerprint
+//     resource's attributes, captured environment variables); only a declaration whose fingerprint
 //     changed is sent;
 //   - Exit(pid, startTimeTicks) releases it when the process is gone;
 //   - Resync([]Process) replaces the whole set with the agent's complete view.
