@@ -53,6 +53,10 @@ def test_every_service_has_cases_for_each_runner() -> None:
         assert [c for c in mine if not c.controlled], f"{service}: no case the real sidecar runs"
         if service != "profiler":
             assert [c for c in mine if c.controlled], f"{service}: no controlled case"
+    # the real sidecar's metric store always holds its first collection
+    for c in CASES:
+        if c.service == "pull" and not c.controlled:
+            assert c.given == "first_collection", c.id
 
 
 def test_canonical_batches_are_pinned() -> None:
