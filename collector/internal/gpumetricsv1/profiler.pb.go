@@ -28,10 +28,11 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// EnvironmentVariable is one captured environment variable of the process (only OTEL_* are kept).
+// EnvironmentVariable is one captured environment variable of the process.
 type EnvironmentVariable struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Variable name, e.g. OTEL_SERVICE_NAME.
+	// Variable name, e.g. OTEL_SERVICE_NAME: non-empty, without '=' or NUL, unique in the
+	// declaration.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Raw value bytes as found in /proc/<pid>/environ (may be invalid UTF-8).
 	Value         []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
@@ -94,7 +95,9 @@ type ProcessDeclaration struct {
 	// The OTEP 4719 process context payload as captured from the process's OTEL_CTX mapping: a
 	// serialized opentelemetry.proto.processcontext.v1development.ProcessContext. Empty if none.
 	ProcessContext []byte `protobuf:"bytes,3,opt,name=process_context,json=processContext,proto3" json:"process_context,omitempty"`
-	// The process's OTEL_* environment as captured (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES).
+	// The process's environment variables as captured: the OTEL_* ones the profiler read and any
+	// other it puts on the profiles (process.environment_variable.<NAME>). Only
+	// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES are interpreted, in identity.mode: enriched.
 	Environment []*EnvironmentVariable `protobuf:"bytes,4,rep,name=environment,proto3" json:"environment,omitempty"`
 	// The attributes the profiler itself puts on this process's profiles (container.id, k8s.*,
 	// APM service.name, ...): a serialized opentelemetry.proto.resource.v1.Resource.
