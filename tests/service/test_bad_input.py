@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from .conftest import TIMEOUT
+from .conftest import TIMEOUT, assert_held, declared
 
 SERVICES = [
     pull_pb2.DESCRIPTOR.services_by_name["MetricsPullService"],
@@ -68,7 +68,7 @@ def seeded(sidecar, **settings):
 
 def assert_intact_and_serving(sc, before) -> None:
     assert sc.store.stats() == before
-    assert sorted(sc.declared.held) == [1, 2]
+    assert_held(sc.declared, 1, 2)
     r = sc.pull_stub().Pull(pull_pb2.PullRequest(consumer="after"), timeout=TIMEOUT)
     assert r.last_sequence == 3
     status = sc.health_stub().Check(health_pb2.HealthCheckRequest(), timeout=TIMEOUT).status
@@ -150,7 +150,7 @@ def test_oversized_unary_requests_are_resource_exhausted_and_change_nothing(side
             timeout=TIMEOUT,
         )
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert sc.declared.held[1]["context"] == b""
+    assert not declared(sc.declared, 1).has_process_context
     assert_intact_and_serving(sc, before)
 
 
@@ -169,7 +169,7 @@ def test_an_oversized_stream_message_ends_the_stream_after_applying_the_earlier_
             answers.append(resp.accepted)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert answers == [True]
-    assert sorted(sc.declared.held) == [1, 2, 3]
-    del sc.declared.held[3]
+    assert_held(sc.declared, 1, 2, 3)
+    assert sc.declared.exit(3) == 1
     assert sc.server.wait_streams_closed(TIMEOUT)
     assert_intact_and_serving(sc, before)

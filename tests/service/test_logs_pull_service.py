@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 import pytest
 from gpumetrics.events import EventProducer, EventSettings, GpuEvent, count_log_records
+from gpumetrics.identity import DeclaredStore
 from gpumetrics.selftelemetry import Telemetry, WithAttributes
 from gpumetrics.service import LOGS_PULL_SERVICE, ServerSettings, SidecarHealth, SidecarServer
 from gpumetrics.store import BatchStore, StoreLimits
@@ -16,7 +17,7 @@ from gpumetrics.v1 import logs_pull_pb2, logs_pull_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 
-from .conftest import TIMEOUT, FakeDeclaredStore
+from .conftest import TIMEOUT
 
 GPU = (("hw.id", "GPU-1"), ("hw.name", "gpu0"))
 
@@ -30,7 +31,7 @@ class Rig:
         self.server = SidecarServer(
             ServerSettings(**settings),
             BatchStore(telemetry=self.telemetry),
-            FakeDeclaredStore(),
+            DeclaredStore(),
             self.health,
             self.telemetry,
             logs_store=logs_store,

@@ -4,6 +4,7 @@ import os
 import stat
 
 import pytest
+from gpumetrics.identity import DeclaredStore
 from gpumetrics.service import (
     ListenError,
     ServerSettings,
@@ -16,7 +17,7 @@ from gpumetrics.store import BatchStore
 from gpumetrics.v1 import pull_pb2
 from pydantic import ValidationError
 
-from .conftest import TIMEOUT, FakeDeclaredStore
+from .conftest import TIMEOUT
 
 
 def test_defaults_are_loopback_and_valid():
@@ -118,7 +119,7 @@ def test_unreadable_tls_files_name_the_field(tmp_path):
         listen=["127.0.0.1:0"], tls_cert_file=bad, tls_key_file=tmp_path / "missing.pem"
     )
     with pytest.raises(ValueError, match="^'tls_cert_file': .* is not PEM"):
-        SidecarServer(settings, BatchStore(), FakeDeclaredStore(), SidecarHealth())
+        SidecarServer(settings, BatchStore(), DeclaredStore(), SidecarHealth())
 
 
 def test_unix_socket_file_mode_group_and_cleanup(sidecar, short_tmp):
@@ -139,7 +140,7 @@ def test_unix_socket_file_mode_group_and_cleanup(sidecar, short_tmp):
 
 def test_missing_socket_directory_names_the_field(short_tmp):
     settings = ServerSettings(listen=[f"unix:{short_tmp}/nope/s.sock"])
-    server = SidecarServer(settings, BatchStore(), FakeDeclaredStore(), SidecarHealth())
+    server = SidecarServer(settings, BatchStore(), DeclaredStore(), SidecarHealth())
     with pytest.raises(SettingError, match=r"^'listen\[0\]': directory .* does not exist$"):
         server.start()
     server.stop(0)
@@ -154,7 +155,7 @@ def test_addresses_report_real_ports_and_a_failed_start_leaves_nothing_bound(sid
     clash = SidecarServer(
         ServerSettings(listen=[f"unix:{sock}", taken]),
         BatchStore(),
-        FakeDeclaredStore(),
+        DeclaredStore(),
         SidecarHealth(),
     )
     with pytest.raises(ListenError) as info:  # a RuntimeError, as grpc's own bind error
@@ -170,12 +171,12 @@ def test_addresses_report_real_ports_and_a_failed_start_leaves_nothing_bound(sid
 
 def test_add_listener_and_add_service_before_start_only(sidecar, short_tmp):
     server = SidecarServer(
-        ServerSettings(listen=[]), BatchStore(), FakeDeclaredStore(), SidecarHealth()
+        ServerSettings(listen=[]), BatchStore(), DeclaredStore(), SidecarHealth()
     )
     with pytest.raises(RuntimeError, match="'listen': no listener"):
         server.start()
     server2 = SidecarServer(
-        ServerSettings(listen=[]), BatchStore(), FakeDeclaredStore(), SidecarHealth()
+        ServerSettings(listen=[]), BatchStore(), DeclaredStore(), SidecarHealth()
     )
     with pytest.raises(ValueError, match="'listen': 0.0.0.0:0 is not loopback"):
         server2.add_listener("0.0.0.0:0")

@@ -16,7 +16,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from gpumetrics.v1 import profiler_pb2 as pb
 from gpumetrics.v1 import pull_pb2
 
-from .conftest import TIMEOUT
+from .conftest import TIMEOUT, declared
 
 FAIL_FAST = 5.0  # handshake failures surface at once; this only bounds a broken test
 
@@ -169,9 +169,9 @@ def test_mtls_certificate_names_the_declarer(sidecar, pki):
     stub = sc.profiler_stub(credentials=creds(pki["ca"].cert, pki["client"]))
     req = pb.DeclareProcessesRequest(processes=[pb.ProcessDeclaration(pid=1)])
     stub.DeclareProcesses(req, timeout=TIMEOUT)
-    assert sc.declared.held[1]["declarer"] == "x509:cn=profiler-agent"
+    assert declared(sc.declared, 1).declarer == "x509:cn=profiler-agent"
     stub.DeclareProcesses(req, metadata=(("gpumetrics-declarer", "node-7"),), timeout=TIMEOUT)
-    assert sc.declared.held[1]["declarer"] == "x509:cn=profiler-agent#node-7"
+    assert declared(sc.declared, 1).declarer == "x509:cn=profiler-agent#node-7"
 
 
 def test_non_loopback_listen_with_tls_and_mtls_is_allowed(sidecar, pki):
