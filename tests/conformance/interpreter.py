@@ -278,7 +278,7 @@ class Runner:
             parts = [known.batches[s] for s in want.batches]
         except KeyError as exc:
             raise Mismatch(f"{where}: want batch {exc}, which no step stored") from None
-        got = {
+        got: dict[str, Any] = {
             "first_sequence": r.first_sequence,
             "last_sequence": r.last_sequence,
             "items": items,
@@ -288,7 +288,7 @@ class Runner:
             "dropped_total": total,
             "drop_reasons": sorted(r.drop_reasons),
         }
-        expected = {
+        expected: dict[str, Any] = {
             "first_sequence": want.batches[0] if want.batches else 0,
             "last_sequence": want.batches[-1] if want.batches else 0,
             "items": sum(n for _, n in parts),

@@ -41,13 +41,17 @@ def declared(store: DeclaredStore, pid: int) -> Declared:
 class StreamClient:
     """Drives a StreamDeclarations call one message at a time (bounded waits, no sleeps)."""
 
-    def __init__(self, stub, metadata=()) -> None:
-        self._out: queue.Queue = queue.Queue()
+    def __init__(
+        self,
+        stub: profiler_pb2_grpc.ProfilerIntegrationServiceStub,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self._out: queue.Queue[pb.StreamDeclarationsRequest | None] = queue.Queue()
         self._responses = stub.StreamDeclarations(
             iter(self._out.get, None), metadata=metadata, timeout=TIMEOUT
         )
 
-    def send(self, **event) -> pb.StreamDeclarationsResponse:
+    def send(self, **event: Any) -> pb.StreamDeclarationsResponse:
         self._out.put(pb.StreamDeclarationsRequest(**event))
         return next(self._responses)
 
@@ -120,8 +124,12 @@ class Sidecar:
         self.server.stop(0)
 
 
+MakeSidecar = Callable[..., Sidecar]
+"""The ``sidecar`` fixture: ``sidecar(store=, declared=, ready=, limits=, append=, **settings)``."""
+
+
 @pytest.fixture
-def sidecar() -> Iterator[Callable[..., Sidecar]]:
+def sidecar() -> Iterator[MakeSidecar]:
     """Factory: build, start (and at teardown stop) a SidecarServer with its collaborators."""
     made: list[Sidecar] = []
 

@@ -4,7 +4,7 @@ import grpc
 import pytest
 from gpumetrics.v1 import profiler_pb2 as pb
 
-from .conftest import TIMEOUT, StreamClient, assert_held, declared
+from .conftest import TIMEOUT, MakeSidecar, StreamClient, assert_held, declared
 
 
 def decl(pid: int, start: int = 100, **env: bytes) -> pb.ProcessDeclaration:
@@ -19,7 +19,9 @@ def declarer_md(name: str) -> tuple[tuple[str, str], ...]:
     return (("gpumetrics-declarer", name),)
 
 
-def test_declare_batch_applies_accepted_entries_and_names_rejected_fields(sidecar):
+def test_declare_batch_applies_accepted_entries_and_names_rejected_fields(
+    sidecar: MakeSidecar,
+) -> None:
     sc = sidecar()
     sc.declared.declare(7, 1, b"", [("OTEL_SERVICE_NAME", b"kept")], b"")
     resp = sc.profiler_stub().DeclareProcesses(
@@ -56,13 +58,13 @@ def test_declare_batch_applies_accepted_entries_and_names_rejected_fields(sideca
     assert sc.telemetry.value("gpumetrics.declarations") == 3
 
 
-def test_stream_declares_exits_and_resyncs(sidecar):
+def test_stream_declares_exits_and_resyncs(sidecar: MakeSidecar) -> None:
     sc = sidecar()
     stream = StreamClient(sc.profiler_stub(), declarer_md("agent"))
     assert stream.send(declare=decl(1)).accepted
     assert stream.send(declare=decl(2)).accepted
     assert stream.send(declare=decl(3)).accepted
-    bad = stream.send(declare=decl(4, OTEL_OK=b"x", **{"HOME=": b"/root"}))
+    bad = stream.send(declare=decl(4, 100, OTEL_OK=b"x", **{"HOME=": b"/root"}))
     assert not bad.accepted
     assert (bad.rejection.field, bad.rejection.pid) == ("declare.environment[1].name", 4)
     assert stream.send(exit=pb.ProcessExit(pid=3)).accepted
@@ -80,7 +82,7 @@ def test_stream_declares_exits_and_resyncs(sidecar):
     assert sc.server.open_streams == 0
 
 
-def test_streams_beyond_the_limit_are_refused_and_pull_is_not_starved(sidecar):
+def test_streams_beyond_the_limit_are_refused_and_pull_is_not_starved(sidecar: MakeSidecar) -> None:
     sc = sidecar(max_streams=2, unary_workers=2, append=1)
     stub = sc.profiler_stub()
     open_streams = [StreamClient(stub) for _ in range(2)]

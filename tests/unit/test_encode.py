@@ -7,7 +7,7 @@ from gpumetrics.metrics import (
     encode_metric,
     names,
 )
-from gpumetrics.metrics.encode import set_any_value
+from gpumetrics.metrics.encode import AttributeCache, set_any_value
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.common.v1 import common_pb2
@@ -173,7 +173,7 @@ def test_fast_encoding_equals_the_protobuf_api_encoding(name, raw, use_cache):
 def test_the_attribute_cache_is_filled_once_per_distinct_tuple_and_reused():
     spec = catalogue().metrics[names.MetricPower]
     a, b = (("hw.id", "GPU-1"),), (("hw.id", "GPU-2"),)
-    cache = {}
+    cache: AttributeCache = {}
     m1, m2 = metrics_pb2.Metric(), metrics_pb2.Metric()
     encode_metric(m1, spec, [Point(1.0, T, a), Point(2.0, T, b), Point(3.0, T, a)], cache)
     assert set(cache) == {a, b}
@@ -184,7 +184,7 @@ def test_the_attribute_cache_is_filled_once_per_distinct_tuple_and_reused():
 
 def test_unhashable_attribute_values_are_encoded_without_the_cache():
     spec = catalogue().metrics[names.MetricPower]
-    cache = {}
+    cache: AttributeCache = {}
     m = metrics_pb2.Metric()
     encode_metric(m, spec, [Point(1.0, T, (("tags", ["a", "b"]),))], cache)
     assert cache == {}
