@@ -18,8 +18,9 @@ const (
 	envPrefix = "process.environment_variable."
 )
 
-// envNamePattern is the sidecar's rule for a declared environment variable's name
-// (docs/protocol.md): only OTEL_* variables are captured there.
+// envNamePattern selects the variables this exporter declares in `environment`: the OTEL_* ones
+// (what identity.mode: enriched reads). The sidecar accepts any name without '=' or NUL
+// (docs/protocol.md); the others reach it in profiler_resource.
 var envNamePattern = regexp.MustCompile(`^OTEL_[A-Za-z0-9_]*$`)
 
 // processPID returns the resource's process.pid when it is an int in 1..2^32-1 (semconv types it
@@ -38,7 +39,7 @@ func processPID(attrs pcommon.Map) (uint32, bool) {
 
 // environment returns the OTEL_* variables among the resource's
 // process.environment_variable.<NAME> attributes (string values without NUL), for the
-// declaration's `environment`; other names stay in the resource only (the sidecar refuses them).
+// declaration's `environment`; other names stay in the resource (profiler_resource) only.
 func environment(attrs pcommon.Map) []declarer.EnvVar {
 	var env []declarer.EnvVar
 	attrs.Range(func(k string, v pcommon.Value) bool {

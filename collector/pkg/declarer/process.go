@@ -34,9 +34,10 @@ type Process struct {
 	// twice the first is kept, as pcommon.Map.Get reads it), so the caller may reuse the map
 	// afterwards. Every value type of pcommon.Value is kept as is.
 	Resource pcommon.Map
-	// Environment is the process's captured OTEL_* environment (raw bytes from
-	// /proc/<pid>/environ). The sidecar accepts only names matching OTEL_[A-Za-z0-9_]*, unique,
-	// values without NUL (docs/protocol.md): a declaration that breaks this is rejected whole.
+	// Environment is the process's captured environment (raw bytes from /proc/<pid>/environ),
+	// typically its OTEL_* variables. The sidecar accepts names that are non-empty, without '='
+	// or NUL and unique, and values without NUL (docs/protocol.md): a declaration that breaks
+	// this is rejected whole.
 	Environment []EnvVar
 	// ProcessContext is the OTEP 4719 process context payload (a serialized
 	// opentelemetry.proto.processcontext.v1development.ProcessContext) when the agent captured
