@@ -1,8 +1,10 @@
-// Package mdatadoc writes a component's documentation.md from its metadata.yaml in the layout
-// the Collector's mdatagen generates (go.opentelemetry.io/collector/cmd/mdatagen,
-// templates/documentation.md.tmpl): mdatagen is not served by the Go module proxy this project
-// reaches, so the components keep hand-written metadata, and their tests check documentation.md
-// against this rendering (Check), as mdatagen's generated files would be checked for freshness.
+// Package mdatadoc writes a component's documentation page
+// (receiver/gpumetricsreceiver/documentation.md, exporter/gpumetricsexporter/documentation.md)
+// from its metadata.yaml in the layout the Collector's mdatagen generates
+// (https://github.com/open-telemetry/opentelemetry-collector/tree/main/cmd/mdatagen): mdatagen is
+// not served by the Go module proxy this project reaches, so the components keep hand-written
+// metadata, and their tests check the page against this rendering (Check), as mdatagen's
+// generated files would be checked for freshness.
 package mdatadoc
 
 import (
@@ -47,7 +49,7 @@ type metadata struct {
 	} `yaml:"telemetry"`
 }
 
-// Render returns documentation.md for the metadata.yaml content raw.
+// Render returns the documentation page for the metadata.yaml content raw.
 func Render(raw []byte) (string, error) {
 	var md metadata
 	if err := yaml.Unmarshal(raw, &md); err != nil {
@@ -111,9 +113,9 @@ func title(t string) string {
 	return strings.ToUpper(t[:1]) + t[1:]
 }
 
-// Check fails t when documentation.md (in the test's directory) is not the rendering of
-// metadata.yaml. With GPUMETRICS_UPDATE_DOCUMENTATION=1 it writes the file instead, and still
-// fails, so that an update cannot stay switched on unseen.
+// Check fails t when the documentation page in the test's directory is not the rendering of
+// its metadata.yaml. With GPUMETRICS_UPDATE_DOCUMENTATION=1 it writes the file instead, and
+// still fails, so that an update cannot stay switched on unseen.
 func Check(t *testing.T) {
 	t.Helper()
 	raw, err := os.ReadFile("metadata.yaml")
