@@ -107,11 +107,12 @@ def test_encoding_error_names_the_metric():
         )
 
 
-# --- the wire-bytes fast path equals the field-by-field protobuf encoding -----------------------
+# --- the cached attribute entries give the field-by-field protobuf encoding ----------------------
 
 
 def reference_metric(spec, points):
-    """The plain protobuf-API encoding the fast path must reproduce."""
+    """The plain protobuf-API encoding, every attribute set one by one, that the encoder (with or
+    without its attribute cache) must reproduce."""
     m = metrics_pb2.Metric(name=spec.name, description=spec.description, unit=spec.unit)
     if spec.instrument.is_sum:
         data = m.sum
@@ -158,7 +159,7 @@ times = st.integers(1, 2**64 - 1)
     ),
     use_cache=st.booleans(),
 )
-def test_fast_encoding_equals_the_protobuf_api_encoding(name, raw, use_cache):
+def test_encoding_equals_the_field_by_field_encoding(name, raw, use_cache):
     spec = catalogue().metrics[name]
     is_int = spec.value_type.value == "int"
     points = [
