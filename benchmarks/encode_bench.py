@@ -32,53 +32,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from gpumetrics.identity.declared import DeclaredStore
-from gpumetrics.identity.resourcer import new_process_resourcer
 from gpumetrics.metrics import encode, producer
-from gpumetrics.metrics.producer import Producer
-from gpumetrics.nvml.collector import Collector
-from gpumetrics.nvml.settings import CollectionSettings
-from gpumetrics.selftelemetry import Telemetry
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 import nvmlsim as sim
 from benchmarks.encode_variant import encode_metric_wire
 from benchmarks.harness import emit, machine, node_scenario, proc_cpu_split, write_scenario
-from benchmarks.identity_bench import MemoryProcfs, payloads
 from benchmarks.peer_bench import Exporter, Scraper, _wait, free_port
 from benchmarks.pullclient import PullConsumer, channel
+from benchmarks.workload import sizing_node
 
 ROOT = Path(__file__).resolve().parents[1]
 API = encode.encode_metric
 HAND = encode_metric_wire
 ENCODERS = {"hand": HAND, "api": API}
-
-
-def _sizing_node(gpus: int, per_gpu: int) -> tuple[Any, Collector, Producer]:
-    data = node_scenario(gpus, per_gpu, profile="h100-8x-training")
-    pids = [100_000 + g * 10_000 + k for g in range(gpus) for k in range(per_gpu)]
-    starts = {pid: 1000 + pid for pid in pids}
-    declared = DeclaredStore(max_processes=len(pids), start_time_reader=starts.get)
-    for pid in pids:
-        ctx, env, res = payloads(pid)
-        declared.declare(pid, starts[pid], ctx, env, res, declarer="bench")
-    drv = sim.install(sim.scenario_from_data(data), latency="off")
-    now_ns = lambda: drv.clock.now_us() * 1000  # noqa: E731
-    tel = Telemetry(clock_ns=now_ns)
-    prod = Producer(host_attributes={"host.name": "gpu-node-7"}, telemetry=tel, self_telemetry=tel)
-    prod.set_process_resourcer(
-        new_process_resourcer(
-            None,
-            declared,
-            "gpu-node-7",
-            True,
-            procfs=MemoryProcfs(starts),
-            read_process_context=False,
-        )
-    )
-    settings = CollectionSettings(pid_max=4_194_304)
-    col = Collector(prod, settings, tel, clock_ns=now_ns, monotonic_ns=now_ns)
-    return drv, col, prod
 
 
 def _use(fn: Any) -> None:
@@ -87,7 +54,7 @@ def _use(fn: Any) -> None:
 
 def measure_encode(batches: int, gpus: int, per_gpu: int) -> dict[str, Any]:
     """Time ``Producer.collect()`` per 10 s batch with each encoder, alternating batch by batch."""
-    drv, col, prod = _sizing_node(gpus, per_gpu)
+    drv, col, prod = sizing_node(gpus, per_gpu)
     times: dict[str, list[float]] = {"hand": [], "api": []}
     checked = 0
 

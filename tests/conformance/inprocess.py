@@ -5,9 +5,10 @@ Built from a case's ``config`` as the runtime builds them (``gpumetrics.runtime.
 ``SidecarConfig.log_store_limits()``, the declared store ``identity.declared.*`` with the
 runtime's procfs start-time reader; ``SidecarServer`` serves them with ``server.*``. What differs,
 so that a case can control the stores: batches are appended by the runner (no collector runs),
-both stores share one manual clock, and the metric store keeps the store's default batch cap
-instead of the runtime's (which splits collections to fit ``server.pull_default_max_bytes``):
-so one case can store a batch larger than the server may send, and provoke a delivery that fails.
+both stores share one manual clock (``Clock`` of ``tests/store/conftest.py``), and the metric
+store keeps the store's default batch cap instead of the runtime's (which splits collections to
+fit ``server.pull_default_max_bytes``): so one case can store a batch larger than the server may
+send, and provoke a delivery that fails.
 """
 
 from __future__ import annotations
@@ -26,19 +27,7 @@ from gpumetrics.selftelemetry import Telemetry
 from gpumetrics.service import SidecarHealth, SidecarServer
 from gpumetrics.store import BatchStore
 
-
-class ManualClock:
-    """A monotonic clock (s) that moves only when told to."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock forward by ``seconds``."""
-        self.now += seconds
+from ..store.conftest import Clock
 
 
 class InProcessSidecar:
@@ -54,7 +43,7 @@ class InProcessSidecar:
         self._raw = copy.deepcopy(dict(config))
         self._tmp = tmp
         self._lives = 0
-        self.clock = ManualClock()
+        self.clock = Clock()  # both stores' monotonic clock, moved only by `advance` steps
         self.channel: grpc.Channel
         self._start()
 

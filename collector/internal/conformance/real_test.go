@@ -33,30 +33,12 @@ devices:
     utilization: {gpu: 50, memory: 10}
 `
 
-// sidecarCommand is the `gpumetrics` console script: $SIDECAR_COMMAND (collector/scripts/test.sh
-// always sets it; a missing one fails), else the repository's .venv; the test is skipped only
-// when neither exists (`go test` by hand before the Python package is installed).
-func sidecarCommand(t *testing.T) string {
-	t.Helper()
-	if path := os.Getenv("SIDECAR_COMMAND"); path != "" {
-		_, err := os.Stat(path)
-		require.NoError(t, err, "SIDECAR_COMMAND")
-		return path
-	}
-	path, err := filepath.Abs(filepath.Join(Dir(), "..", "..", "..", ".venv", "bin", "gpumetrics"))
-	require.NoError(t, err)
-	if _, err := os.Stat(path); err != nil {
-		t.Skipf("the gpumetrics sidecar is not installed (%v): set SIDECAR_COMMAND or run ./scripts/test.sh", err)
-	}
-	return path
-}
-
 // TestRealSidecar runs every case without a controlled step against `gpumetrics serve
 // --simulate`, a fresh process per case, configured with the case's `config` (--config) and a
 // one-hour batch interval: it serves once its first collection is stored (sequence 1, the
 // cases' `given: first_collection`) and stores no other while the case runs.
 func TestRealSidecar(t *testing.T) {
-	command := sidecarCommand(t)
+	command := SidecarCommand(t)
 	RunAll(t, []string{"pull", "logs", "profiler"}, func(c Case) bool { return !c.Controlled() },
 		func(t *testing.T, c Case) Target {
 			if c.Service == "pull" && c.Given != "first_collection" {
