@@ -8,7 +8,7 @@ another (so they never compete for the CPUs), under a time limit. A benchmark th
 failed or timed-out benchmark is recorded as such and the run goes on: benchmarks never fail on
 a number, and this command exits 0 unless it could not write the report.
 
-About 8 minutes on the 2-core CI machine (``--quick``: about 2); the side-by-side run needs the
+About 13 minutes on the 2-core CI machine (``--quick``: about 3); the side-by-side run needs the
 peer's virtualenv (``python -m benchmarks.peer_bench --setup-peer``) and is skipped without it.
 """
 
@@ -42,6 +42,8 @@ BENCHMARKS: tuple[tuple[str, str, list[str], list[str], int], ...] = (
     ("memory", "benchmarks.memory_bench", [], [], 600),
     ("events", "benchmarks.events_bench", [],
      ["--storm", "2000", "--records", "500", "--idle-s", "2"], 300),
+    ("encode", "benchmarks.encode_bench", [],
+     ["--batches", "5", "--warmup", "5", "--window", "20", "--repeat", "1"], 900),
     ("peer", "benchmarks.peer_bench", ["--repeat", "3"],
      ["--repeat", "1", "--warmup", "5", "--window", "20", "--profile-s", "10"], 1200),
 )  # fmt: skip

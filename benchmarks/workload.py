@@ -27,17 +27,13 @@ PID_START = 100_000
 PID_STRIDE = 10_000
 
 
-def node_batches(
-    gpus: int = 8,
-    processes_per_gpu: int = 8,
-    cycles_per_batch: int = 10,
-    batches: int = 6,
-    profile: str = "h100-8x-training",
-) -> list[Any]:
-    """``batches`` store batches of ``cycles_per_batch`` 1 s cycles each (see module docstring).
+def sizing_node(
+    gpus: int = 8, processes_per_gpu: int = 8, profile: str = "h100-8x-training"
+) -> tuple[Any, Collector, Producer]:
+    """The simulated node of :func:`node_batches`, installed: ``(driver, collector, producer)``.
 
-    The default is the store's sizing node: 8 GPUs with 64 processes (8 per GPU, each on one
-    GPU), 10 s batches of 1 s samples; 6 batches are a 60 s backlog.
+    The caller runs ``collector.collect_once()`` / ``driver.next_cycle()`` per simulated second
+    and ``producer.collect()`` per batch, then ``collector.stop()`` and ``nvmlsim.uninstall()``.
     """
     data = node_scenario(
         gpus, processes_per_gpu, profile=profile, pid_start=PID_START, pid_stride=PID_STRIDE
@@ -50,25 +46,41 @@ def node_batches(
         declared.declare(pid, starts[pid], ctx, env, res, declarer="bench")
     settings = CollectionSettings(pid_max=4_194_304)
     drv = sim.install(sim.scenario_from_data(data), latency="off")
+    clock = drv.clock
+    now_ns = lambda: clock.now_us() * 1000  # noqa: E731
+    tel = Telemetry(clock_ns=now_ns)
+    producer = Producer(
+        host_attributes={"host.name": "gpu-node-7"}, telemetry=tel, self_telemetry=tel
+    )
+    producer.set_process_resourcer(
+        new_process_resourcer(
+            None,
+            declared,
+            "gpu-node-7",
+            True,
+            procfs=MemoryProcfs(starts),
+            read_process_context=False,
+        )
+    )
+    col = Collector(producer, settings, tel, clock_ns=now_ns, monotonic_ns=now_ns)
+    return drv, col, producer
+
+
+def node_batches(
+    gpus: int = 8,
+    processes_per_gpu: int = 8,
+    cycles_per_batch: int = 10,
+    batches: int = 6,
+    profile: str = "h100-8x-training",
+) -> list[Any]:
+    """``batches`` store batches of ``cycles_per_batch`` 1 s cycles each (see module docstring).
+
+    The default is the store's sizing node: 8 GPUs with 64 processes (8 per GPU, each on one
+    GPU), 10 s batches of 1 s samples; 6 batches are a 60 s backlog.
+    """
+    drv, col, producer = sizing_node(gpus, processes_per_gpu, profile)
     out = []
     try:
-        clock = drv.clock
-        now_ns = lambda: clock.now_us() * 1000  # noqa: E731
-        tel = Telemetry(clock_ns=now_ns)
-        producer = Producer(
-            host_attributes={"host.name": "gpu-node-7"}, telemetry=tel, self_telemetry=tel
-        )
-        producer.set_process_resourcer(
-            new_process_resourcer(
-                None,
-                declared,
-                "gpu-node-7",
-                True,
-                procfs=MemoryProcfs(starts),
-                read_process_context=False,
-            )
-        )
-        col = Collector(producer, settings, tel, clock_ns=now_ns, monotonic_ns=now_ns)
         col.collect_once()  # warm-up: init, discovery, first-read windows
         drv.next_cycle()
         producer.collect()

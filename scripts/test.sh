@@ -3,7 +3,7 @@
 # Sets up a virtual environment in .venv (or $VENV), installs the package with its test extras
 # and the simulated NVML driver (nvmlsim/, its own distribution), then runs, in order:
 #   1. generated code is fresh; lint: ruff (lint everywhere, format on both packages), mypy on
-#      both packages, import-linter (the layers of docs/architecture.md), buf lint on proto/;
+#      both packages and on tests/, import-linter (the layers of docs/architecture.md), buf lint on proto/;
 #   2. the Python suites (everything not marked e2e) and the simulator's own tests;
 #   2b. the same NVML-facing suites (the simulator's, tests/nvml) against the OLDEST supported
 #      nvidia-ml-py; the simulator's in a small venv of their own without gpumetrics, which
@@ -80,6 +80,7 @@ lint() {
   ruff check .
   ruff format --check receiver nvmlsim/src
   mypy receiver/gpumetrics
+  mypy --explicit-package-bases tests   # bodies everywhere; annotations in conformance, service
   (cd nvmlsim && mypy)
   lint-imports
   (cd nvmlsim && lint-imports)

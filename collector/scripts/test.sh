@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Tests the collector/ Go module: generated code is fresh, gofmt is clean, the Dockerfile passes
-# hadolint, go vet, go test, then the integration tests (-tags integration: the gpumetrics exporter
-# against the real Python sidecar) and the examples/declarer module (a build, vet and gofmt).
+# hadolint, go vet, go test (with the gpumetrics.v1 conformance cases of tests/testdata/conformance
+# against the Go fake sidecar and, through SIDECAR_COMMAND, the real `gpumetrics serve --simulate`),
+# then the integration tests (-tags integration: the gpumetrics exporter against the real Python
+# sidecar) and the examples/declarer module (a build, vet and gofmt).
 # The project's test command (scripts/test.sh at the repository root) calls this.
 #
 # Environment:

@@ -27,11 +27,12 @@ class StubCollector:
             lambda b: b.add(names.MetricPower, watts, time.time_ns(), GPU0.attributes())
         )
 
-    def start(self):
+    def start(self) -> None:
         self.events.append("collector.start")
 
-    def stop(self, timeout_s):
+    def stop(self, timeout_s: float = 0.0) -> object:
         self.events.append("collector.stop")
+        return True
 
 
 class ManualTicker:

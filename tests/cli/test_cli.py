@@ -233,7 +233,7 @@ def test_pull_wait_retries_until_the_first_batch_is_stored(make_sidecar, capsys)
     address = sidecar.parts.server.addresses.listen[0]
     code, _, err = run(capsys, "pull", address)  # no --wait: one attempt, UNAVAILABLE
     assert code == 1 and "UNAVAILABLE" in err
-    result = {}
+    result: dict[str, object] = {}
     puller = threading.Thread(
         target=lambda: result.setdefault(
             "code", main(["pull", address, "--wait", "30", "--format", "text"])

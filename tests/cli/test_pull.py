@@ -148,7 +148,7 @@ def test_a_refused_connection_fails_at_once_not_at_the_deadline(capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: connections are refused
-    result = {}
+    result: dict[str, object] = {}
     thread = threading.Thread(
         target=lambda: result.setdefault(
             "code", main(["pull", f"127.0.0.1:{port}", "--timeout", "3600"])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -109,7 +111,7 @@ def test_shutdown_order_and_final_batch_reach_the_push_collector(make_sidecar):
     port = otlp.add_insecure_port("127.0.0.1:0")
     otlp.start()
     try:
-        events = []
+        events: list[str] = []
         cfg = config(push={"endpoint": f"127.0.0.1:{port}", "insecure": True, "interval_s": 3600})
         sidecar, collector, ticker = make_sidecar(cfg, events)
         sidecar.start()
@@ -182,7 +184,7 @@ def test_a_simulated_node_checks_pids_against_linux_largest_pid_max_unless_confi
         seen["pid_max"] = settings.pid_max
         return StubCollector(producer, settings, telemetry)
 
-    installed = []
+    installed: list[str] = []
     Sidecar(
         config(runtime={"simulate": "h100-8x-training"}),
         collector_factory=factory,
@@ -215,7 +217,7 @@ def test_one_startup_summary_line_when_ready(tmp_path, caplog):
     relabel = tmp_path / "relabel.yaml"
     relabel.write_text(
         "- {source_labels: [__meta_process_executable_name], regex: python, action: keep}\n"
-        "- {source_labels: [__meta_process_pid], regex: \"1\", action: drop}\n"
+        '- {source_labels: [__meta_process_pid], regex: "1", action: drop}\n'
     )
     profiler = tmp_path / "profiler.sock"
     cfg = config(
@@ -229,9 +231,14 @@ def test_one_startup_summary_line_when_ready(tmp_path, caplog):
         identity={"relabel_config": str(relabel)},
     )
     ticker, made = ManualTicker(), []
+
+    def factory(*a: Any) -> DriverStub:
+        made.append(DriverStub(*a))
+        return made[0]
+
     sidecar = Sidecar(
         cfg,
-        collector_factory=lambda *a: made.append(DriverStub(*a)) or made[0],
+        collector_factory=factory,
         batch_wait=ticker.wait,
         config_file="/etc/gpumetrics/gpumetrics.yaml",
     )
@@ -277,6 +284,8 @@ def test_the_summary_of_a_simulated_node_without_a_file_or_tokens():
     finally:
         sidecar.shutdown(5)
     assert NvmlFacts(None, "580.65.06", 1).text() == "real, driver 580.65.06, 1 GPU"
-    mtls = ServerSettings(tls_cert_file="c.pem", tls_key_file="k.pem", tls_client_ca_file="ca")
+    mtls = ServerSettings(
+        tls_cert_file=Path("c.pem"), tls_key_file=Path("k.pem"), tls_client_ca_file=Path("ca")
+    )
     summary = StartupSummary.build(mtls, BoundAddresses(), None, 0, NvmlFacts(None, None, 0))
     assert summary.tls == "on (mTLS)" and summary.nvml.text() == "real, driver unknown, 0 GPUs"

@@ -14,7 +14,8 @@ def test_serve_simulate_then_pull_json_shows_device_metrics_and_sigterm_exits_0(
         assert served.address.startswith("127.0.0.1:")
         served.watch_health([health_pb2.HealthCheckResponse.SERVING])
         request = served.pull()
-        devices, names = set(), set()
+        devices: set[str] = set()
+        names: set[str] = set()
         for rm in request.resource_metrics:
             for sm in rm.scope_metrics:
                 for m in sm.metrics:

@@ -93,11 +93,11 @@ class PodMapping:
                 text,
             )
 
-        def hostport(m: re.Match[str]) -> str:
+        def local_port(m: re.Match[str]) -> str:
             port = int(m.group(2))
             return f"127.0.0.1:{self.ports[port]}" if port in self.ports else m.group(0)
 
-        text = re.sub(r"(0\.0\.0\.0|\$\{env:POD_IP\}):(\d+)\b", hostport, text)
+        text = re.sub(r"(0\.0\.0\.0|\$\{env:POD_IP\}):(\d+)\b", local_port, text)
         # the Collector's own metrics: `host: 0.0.0.0` and `port: N` on separate keys
         text = re.sub(r"(?m)^(\s*host:\s*)(0\.0\.0\.0)\s*$", r"\g<1>127.0.0.1", text)
         return re.sub(
@@ -182,8 +182,8 @@ def pod_runs(
             assert known == host, f"{mount['mountPath']} is two volumes in one pod"
         for port in container.get("ports", []):
             mapping.port(port["containerPort"])
-    for path in configmap_files:
-        path.write_text(mapping.rewrite(path.read_text()))
+    for file in configmap_files:
+        file.write_text(mapping.rewrite(file.read_text()))
 
     runs = []
     for container in spec["containers"]:

@@ -156,8 +156,12 @@ def run_pod(
         return "\n".join(p.log_tail() for p in pod_procs)
 
     for run, proc in zip(runs, pod_procs, strict=True):
+
+        def ready(run: ContainerRun = run) -> bool:
+            return probe_passes(run.probes["readinessProbe"])
+
         wait_for(
-            lambda run=run: probe_passes(run.probes["readinessProbe"]),
+            ready,
             TIMEOUT_S,
             f"{name}/{run.name}'s readiness probe",
             diagnostics,

@@ -135,12 +135,12 @@ def test_acknowledged_points_survive_sigkill(otelcol: Path, tmp_path: Path) -> N
         "--node-name",
         "e2e-node",
     ]
-    upstream_argv = [otelcol, f"--config={CONFIG_DIR / 'e2e-persistent.yaml'}"]
+    upstream_argv: list[str | Path] = [otelcol, f"--config={CONFIG_DIR / 'e2e-persistent.yaml'}"]
     (tmp_path / "downstream.yaml").write_text(DOWNSTREAM_CONFIG)
-    downstream_argv = [otelcol, f"--config={tmp_path / 'downstream.yaml'}"]
+    downstream_argv: list[str | Path] = [otelcol, f"--config={tmp_path / 'downstream.yaml'}"]
     runs = iter(range(1, 100))
 
-    def start(started: list[Proc], name: str, argv: list[object]) -> Proc:
+    def start(started: list[Proc], name: str, argv: list[str | Path]) -> Proc:
         proc = Proc(f"{name}-{next(runs)}", argv, env, tmp_path / f"{name}.log")
         started.append(proc)
         return proc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from gpumetrics.identity.attrs import to_key_values
@@ -110,7 +111,7 @@ BAD = [
 def test_rejection_names_the_field_and_keeps_what_was_held(override, field, reason) -> None:
     s = store()
     held = s.declare(42, 100, CTX, [("OTEL_SERVICE_NAME", b"old")], PROF)
-    args = {
+    args: dict[str, Any] = {
         "pid": 42,
         "start_time_ticks": 100,
         "process_context": b"",

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from gpumetrics.identity.attrs import AttrValue
 from gpumetrics.identity.ctxproto import (
     ProcessContextDecodeError,
     decode_process_context,
@@ -23,7 +24,7 @@ from gpumetrics.identity.processctx import (
 
 from .ctx_publisher import Publisher
 
-RESOURCE = {
+RESOURCE: dict[str, AttrValue] = {
     "deployment.environment.name": "prod",
     "service.instance.id": "0f8b5a1e-2c3d-4e5f-8a9b-0c1d2e3f4a5b",
     "service.name": "trainer",

@@ -4,6 +4,7 @@ parca-agent Kubernetes configuration loaded unchanged."""
 from __future__ import annotations
 
 import pytest
+from gpumetrics.identity.attrs import AttrValue
 from gpumetrics.identity.labels import labels_to_attributes, process_labels
 from gpumetrics.identity.procfs import ProcfsReader
 from gpumetrics.identity.relabel import LabelBuilder, expand, relabel, strip_meta
@@ -131,7 +132,7 @@ def test_parca_kubernetes_config_on_a_declared_pod() -> None:
     info = ProcfsReader(str(PROC / "host"), host_pid_namespace=True, user_name=lambda u: None).read(
         4242
     )
-    profiler = {
+    profiler: dict[str, AttrValue] = {
         "k8s.namespace.name": "ml",
         "k8s.pod.name": "trainer-0",
         "k8s.pod.uid": "0b1c-2d3e",

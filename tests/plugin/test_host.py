@@ -64,17 +64,19 @@ class Plugin:
         self._err.start()
 
     def _pump_out(self):
+        assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.put(line)
         self.lines.put(None)
 
     def _pump_err(self):
+        assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.stderr.append(line)
 
     def rest_of_stdout(self):
         self._out.join(10)
-        rest = []
+        rest: list[str] = []
         while True:
             item = self.lines.get_nowait()
             if item is None:

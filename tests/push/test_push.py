@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 from gpumetrics.metrics import GPU, Producer, count_points, names
+from gpumetrics.metrics.buffer import MetricBuffer
 from gpumetrics.selftelemetry import Telemetry
 from gpumetrics.service.push import (
     MAX_ATTEMPTS,
@@ -25,7 +26,11 @@ GPU0 = GPU(uuid="GPU-0", index=0, name="gpu0")
 def batch(n_points: int = 2):
     p = Producer()
     for i in range(n_points):
-        p.record_host(lambda b, i=i: b.add(names.MetricPower, 300.0 + i, T + i, GPU0.attributes()))
+
+        def add(b: MetricBuffer, i: int = i) -> None:
+            b.add(names.MetricPower, 300.0 + i, T + i, GPU0.attributes())
+
+        p.record_host(add)
     req = p.collect()
     assert count_points(req) == n_points
     return req

@@ -61,13 +61,12 @@ def logs_store(n: int) -> BatchStore:
 
 
 def exporter(store: BatchStore, endpoint: str, telemetry: Telemetry) -> PushExporter:
-    waits: list[float] = []
     return PushExporter(
         store,
         PushSettings(endpoint=endpoint, insecure=True, timeout_s=5),
         telemetry=WithAttributes(telemetry, {"signal": "logs"}),
         jitter=lambda: 1.0,
-        wait=lambda s: waits.append(s) or False,
+        wait=lambda s: False,  # backoff waits return at once; never stopped
         signal=LOGS,
     )
 

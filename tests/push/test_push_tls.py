@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 from concurrent import futures
+from typing import Any
 
 import grpc
 import pytest
@@ -85,7 +86,7 @@ def test_push_over_tls(pki, mtls):
     try:
         store = BatchStore()
         store.append(batch(2))
-        client = (
+        client: dict[str, Any] = (
             {"cert_file": str(pki / "client.pem"), "key_file": str(pki / "client.key")}
             if mtls
             else {}

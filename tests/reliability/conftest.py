@@ -146,7 +146,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     form = config.stash.get(_FORM_KEY, None)
     if figures is None or form is None or not figures.counts:
         return
-    doc = {
+    doc: dict[str, Any] = {
         "form": form.name,
         "seed": form.seed,
         "total_s": round(time.monotonic() - figures.started, 1),

@@ -1,4 +1,5 @@
-"""Fixtures for the gRPC service tests: a real SidecarServer on loopback port 0 or a unix socket."""
+"""Fixtures for the gRPC service tests: a real SidecarServer on loopback port 0 or a unix socket,
+with the real stores (``BatchStore``, ``DeclaredStore`` without a procfs reader)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from gpumetrics.identity import Declared, DeclaredStore
 from gpumetrics.selftelemetry import Telemetry
 from gpumetrics.service import ServerSettings, SidecarHealth, SidecarServer
 from gpumetrics.store import BatchStore, StoreLimits
@@ -22,113 +24,34 @@ from ..store.conftest import build_request
 TIMEOUT = 10.0  # bounds every call; never reached when the server is healthy
 
 
-class FakeDeclarationError(ValueError):
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field, self.reason = field, reason
+def assert_held(store: DeclaredStore, *pids: int) -> None:
+    """Assert that ``store`` holds exactly the declarations of ``pids``."""
+    assert len(store) == len(pids), f"{len(store)} declarations held, want {pids}"
+    for pid in pids:
+        assert store.lookup(pid)[1], f"pid {pid} is not declared"
 
 
-class FakeDeclaredStore:
-    """The DeclaredStore contract, minimal: pid range and variable names (no '=') validated."""
-
-    def __init__(self) -> None:
-        self.held: dict[int, dict[str, Any]] = {}
-        self.resyncs: list[dict[str, Any]] = []  # handles in progress: {"declarer", "kept"}
-        self.held_bytes = 0
-
-    def declare(
-        self, pid, start_time_ticks, process_context, environment, profiler_resource, declarer=""
-    ):
-        try:
-            if not 1 <= pid <= 4_194_304:
-                raise FakeDeclarationError("pid", f"must be an integer in 1..4194304, got {pid}")
-            for i, (name, _value) in enumerate(environment):
-                if "=" in name:
-                    raise FakeDeclarationError(f"environment[{i}].name", "cannot contain '='")
-        except FakeDeclarationError:
-            self._keep(pid, declarer)  # a rejected re-declaration keeps what the pid had
-            raise
-        self.held[pid] = {
-            "start": start_time_ticks,
-            "env": dict(environment),
-            "declarer": declarer,
-            "context": process_context,
-            "resource": profiler_resource,
-        }
-        self._keep(pid, declarer)
-        return self.held[pid]
-
-    def _keep(self, pid, declarer):
-        for r in self.resyncs:
-            if r["declarer"] == declarer:
-                r["kept"].add(pid)
-
-    def exit(self, pid, start_time_ticks=0):
-        if not 1 <= pid <= 4_194_304:
-            raise FakeDeclarationError("pid", "must be an integer in 1..4194304")
-        entry = self.held.get(pid)
-        if entry is None or (
-            start_time_ticks and entry["start"] and entry["start"] != start_time_ticks
-        ):
-            return 0
-        del self.held[pid]
-        return 1
-
-    def begin_resync(self, declarer):
-        resync = {"declarer": declarer, "kept": set()}
-        self.resyncs.append(resync)
-        return resync
-
-    def _in_progress(self, resync):
-        return any(r is resync for r in self.resyncs)
-
-    def abort_resync(self, resync):
-        if self._in_progress(resync):
-            self.resyncs = [r for r in self.resyncs if r is not resync]
-            return True
-        return False
-
-    def end_resync(self, resync):
-        if not self._in_progress(resync):
-            raise FakeDeclarationError("resync_end", "no resynchronisation in progress")
-        self.resyncs = [r for r in self.resyncs if r is not resync]
-        gone = [
-            p
-            for p, e in self.held.items()
-            if e["declarer"] == resync["declarer"] and p not in resync["kept"]
-        ]
-        for p in gone:
-            del self.held[p]
-        return len(gone)
-
-    def replace_all(self, declarer, declarations, on_error=None):
-        resync = self.begin_resync(declarer)
-        for i, item in enumerate(declarations):
-            try:
-                self.declare(*item, declarer)
-            except FakeDeclarationError as exc:
-                if on_error is not None:
-                    on_error(i, exc)
-        return self.end_resync(resync)
-
-    def lookup(self, pid):
-        entry = self.held.get(pid)
-        return (entry, entry is not None)
-
-    def __len__(self):
-        return len(self.held)
+def declared(store: DeclaredStore, pid: int) -> Declared:
+    """The declaration ``store`` holds for ``pid`` (the test fails without one)."""
+    d, ok = store.lookup(pid)
+    assert ok and d is not None, f"pid {pid} is not declared"
+    return d
 
 
 class StreamClient:
     """Drives a StreamDeclarations call one message at a time (bounded waits, no sleeps)."""
 
-    def __init__(self, stub, metadata=()) -> None:
-        self._out: queue.Queue = queue.Queue()
+    def __init__(
+        self,
+        stub: profiler_pb2_grpc.ProfilerIntegrationServiceStub,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self._out: queue.Queue[pb.StreamDeclarationsRequest | None] = queue.Queue()
         self._responses = stub.StreamDeclarations(
             iter(self._out.get, None), metadata=metadata, timeout=TIMEOUT
         )
 
-    def send(self, **event) -> pb.StreamDeclarationsResponse:
+    def send(self, **event: Any) -> pb.StreamDeclarationsResponse:
         self._out.put(pb.StreamDeclarationsRequest(**event))
         return next(self._responses)
 
@@ -145,7 +68,7 @@ class StreamClient:
 class Sidecar:
     server: SidecarServer
     store: BatchStore
-    declared: Any
+    declared: DeclaredStore
     health: SidecarHealth
     telemetry: Telemetry
     channels: list[grpc.Channel] = field(default_factory=list)
@@ -201,15 +124,19 @@ class Sidecar:
         self.server.stop(0)
 
 
+MakeSidecar = Callable[..., Sidecar]
+"""The ``sidecar`` fixture: ``sidecar(store=, declared=, ready=, limits=, append=, **settings)``."""
+
+
 @pytest.fixture
-def sidecar() -> Iterator[Callable[..., Sidecar]]:
+def sidecar() -> Iterator[MakeSidecar]:
     """Factory: build, start (and at teardown stop) a SidecarServer with its collaborators."""
     made: list[Sidecar] = []
 
     def make(
         *,
         store: BatchStore | None = None,
-        declared: Any = None,
+        declared: DeclaredStore | None = None,
         ready: bool = True,
         limits: StoreLimits | None = None,
         append: int = 0,
@@ -220,7 +147,7 @@ def sidecar() -> Iterator[Callable[..., Sidecar]]:
         store = store or BatchStore(limits, telemetry=telemetry)
         for i in range(append):
             store.append(build_request(1, f"b{i}"))
-        declared = declared if declared is not None else FakeDeclaredStore()
+        declared = declared if declared is not None else DeclaredStore()
         health = SidecarHealth()
         server = SidecarServer(ServerSettings(**settings), store, declared, health, telemetry)
         server.start()

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
 import grpc
 import pytest
 from gpumetrics.service import AuthPolicy, TokenAuth, read_token_file
@@ -8,14 +12,14 @@ from gpumetrics.v1 import pull_pb2
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from .conftest import TIMEOUT
+from .conftest import TIMEOUT, MakeSidecar, Sidecar
 
 PULL_TOKEN = "pull-" + "a" * 27
 DECLARE_TOKEN = "declare-" + "b" * 24
 
 
 @pytest.fixture
-def tokens(tmp_path):
+def tokens(tmp_path: Path) -> dict[str, Path]:
     pull = tmp_path / "pull.token"
     pull.write_text(f"# rotated weekly\n{PULL_TOKEN}\n\n")
     declare = tmp_path / "declare.token"
@@ -27,7 +31,7 @@ def bearer(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
 
 
-def declare(sc, metadata=()):
+def declare(sc: Sidecar, metadata: Sequence[tuple[str, str]] = ()) -> Any:
     return sc.profiler_stub().DeclareProcesses(
         pb.DeclareProcessesRequest(processes=[pb.ProcessDeclaration(pid=42)]),
         metadata=metadata,
@@ -35,7 +39,7 @@ def declare(sc, metadata=()):
     )
 
 
-def pull(sc, metadata=()):
+def pull(sc: Sidecar, metadata: Sequence[tuple[str, str]] = ()) -> Any:
     return sc.pull_stub().Pull(
         pull_pb2.PullRequest(consumer="c"), metadata=metadata, timeout=TIMEOUT
     )
@@ -54,8 +58,8 @@ def pull(sc, metadata=()):
     ],
 )
 def test_refused_calls_get_the_right_status_and_change_nothing(
-    sidecar, tokens, call, metadata, code
-):
+    sidecar: MakeSidecar, tokens: dict[str, Path], call: Any, metadata: Any, code: grpc.StatusCode
+) -> None:
     sc = sidecar(append=1, **tokens)
     before = sc.store.stats()
     with pytest.raises(grpc.RpcError) as err:
@@ -79,14 +83,16 @@ def test_refused_calls_get_the_right_status_and_change_nothing(
     )
 
 
-def test_the_right_tokens_are_accepted(sidecar, tokens):
+def test_the_right_tokens_are_accepted(sidecar: MakeSidecar, tokens: dict[str, Path]) -> None:
     sc = sidecar(append=1, **tokens)
     assert pull(sc, bearer(PULL_TOKEN)).data_points == 1
     assert declare(sc, (("authorization", f"bearer {DECLARE_TOKEN}"),)).accepted == 1
-    assert 42 in sc.declared.held
+    assert sc.declared.lookup(42)[1]
 
 
-def test_health_needs_no_token_and_reflection_needs_one(sidecar, tokens):
+def test_health_needs_no_token_and_reflection_needs_one(
+    sidecar: MakeSidecar, tokens: dict[str, Path]
+) -> None:
     sc = sidecar(**tokens)
     h = sc.health_stub().Check(health_pb2.HealthCheckRequest(), timeout=TIMEOUT)
     assert h.status == health_pb2.HealthCheckResponse.SERVING
@@ -106,27 +112,27 @@ def test_health_needs_no_token_and_reflection_needs_one(sidecar, tokens):
     } <= names
 
 
-def test_without_tokens_everything_is_open(sidecar):
+def test_without_tokens_everything_is_open(sidecar: MakeSidecar) -> None:
     sc = sidecar(append=1)
     assert pull(sc).data_points == 1
     assert declare(sc).accepted == 1
 
 
-def test_policy_matrix_without_a_server():
+def test_policy_matrix_without_a_server() -> None:
     auth = TokenAuth(["p" * 16], ["d" * 16])
     md = lambda t: [("authorization", f"Bearer {t}")]  # noqa: E731
     assert auth.check(AuthPolicy.NONE, []) is None
     assert auth.check(AuthPolicy.ANY, md("d" * 16)) is None
     assert auth.check(AuthPolicy.ANY, md("p" * 16)) is None
-    assert auth.check(AuthPolicy.ANY, []).code == grpc.StatusCode.UNAUTHENTICATED
+    denied = auth.check(AuthPolicy.ANY, [])
+    assert denied is not None and denied.code == grpc.StatusCode.UNAUTHENTICATED
     only_declare = TokenAuth([], ["d" * 16])
     assert only_declare.check(AuthPolicy.PULL, []) is None  # pulling needs no token
-    assert (
-        only_declare.check(AuthPolicy.DECLARE, md("p" * 16)).code == grpc.StatusCode.UNAUTHENTICATED
-    )
+    denied = only_declare.check(AuthPolicy.DECLARE, md("p" * 16))
+    assert denied is not None and denied.code == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_token_file_errors_name_the_field(tmp_path):
+def test_token_file_errors_name_the_field(tmp_path: Path) -> None:
     missing = tmp_path / "missing"
     with pytest.raises(ValueError, match="^'pull_token_file': cannot read"):
         read_token_file(missing, "pull_token_file")
@@ -143,13 +149,15 @@ def test_token_file_errors_name_the_field(tmp_path):
         TokenAuth(["s" * 20], ["s" * 20])
 
 
-def test_each_refusal_reason_is_logged_once_per_consumer(sidecar, tokens, caplog):
+def test_each_refusal_reason_is_logged_once_per_consumer(
+    sidecar: MakeSidecar, tokens: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
     """A missing token and a wrong one are two reasons; another consumer is logged again; a
     repeat is DEBUG only (issue 17: a later invalid token used to go unlogged)."""
     sc = sidecar(append=1, **tokens)
     stub = sc.pull_stub()
 
-    def refused(consumer, metadata=()):
+    def refused(consumer: str, metadata: Sequence[tuple[str, str]] = ()) -> None:
         with pytest.raises(grpc.RpcError):
             stub.Pull(pull_pb2.PullRequest(consumer=consumer), metadata=metadata, timeout=TIMEOUT)
 

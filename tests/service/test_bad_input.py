@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import pytest
 from google.protobuf.message_factory import GetMessageClass
+from gpumetrics.store import StoreStats
 from gpumetrics.v1 import profiler_pb2 as pb
 from gpumetrics.v1 import pull_pb2
 from grpc_health.v1 import health_pb2
@@ -12,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from .conftest import TIMEOUT
+from .conftest import TIMEOUT, MakeSidecar, Sidecar, assert_held, declared
 
 SERVICES = [
     pull_pb2.DESCRIPTOR.services_by_name["MetricsPullService"],
@@ -48,7 +51,9 @@ GARBAGE = [
 ]
 
 
-def call_raw(channel: grpc.Channel, method: str, cstream: bool, sstream: bool, payload: bytes):
+def call_raw(
+    channel: grpc.Channel, method: str, cstream: bool, sstream: bool, payload: bytes
+) -> Any:
     kw = {"request_serializer": None, "response_deserializer": None}
     if not cstream and not sstream:
         return channel.unary_unary(method, **kw)(payload, timeout=TIMEOUT)
@@ -59,23 +64,23 @@ def call_raw(channel: grpc.Channel, method: str, cstream: bool, sstream: bool, p
     return list(channel.stream_stream(method, **kw)(iter([payload]), timeout=TIMEOUT))
 
 
-def seeded(sidecar, **settings):
+def seeded(sidecar: MakeSidecar, **settings: Any) -> Sidecar:
     sc = sidecar(append=3, **settings)
     sc.declared.declare(1, 10, b"", [("OTEL_SERVICE_NAME", b"a")], b"")
     sc.declared.declare(2, 20, b"", [], b"")
     return sc
 
 
-def assert_intact_and_serving(sc, before) -> None:
+def assert_intact_and_serving(sc: Sidecar, before: StoreStats) -> None:
     assert sc.store.stats() == before
-    assert sorted(sc.declared.held) == [1, 2]
+    assert_held(sc.declared, 1, 2)
     r = sc.pull_stub().Pull(pull_pb2.PullRequest(consumer="after"), timeout=TIMEOUT)
     assert r.last_sequence == 3
     status = sc.health_stub().Check(health_pb2.HealthCheckRequest(), timeout=TIMEOUT).status
     assert status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_every_method_is_covered():
+def test_every_method_is_covered() -> None:
     names = {m for m, _, _ in METHODS}
     assert "/gpumetrics.v1.ProfilerIntegrationService/StreamDeclarations" in names
     assert "/grpc.health.v1.Health/Watch" in names
@@ -83,7 +88,9 @@ def test_every_method_is_covered():
 
 
 @pytest.mark.parametrize(("method", "cstream", "sstream"), METHODS)
-def test_garbage_bytes_get_invalid_argument(sidecar, method, cstream, sstream):
+def test_garbage_bytes_get_invalid_argument(
+    sidecar: MakeSidecar, method: str, cstream: bool, sstream: bool
+) -> None:
     sc = seeded(sidecar)
     channel = sc.channel()
     before = sc.store.stats()
@@ -101,14 +108,14 @@ def test_garbage_bytes_get_invalid_argument(sidecar, method, cstream, sstream):
     ) == len(garbage)
 
 
-def test_random_bytes_never_crash_a_method(sidecar):
+def test_random_bytes_never_crash_a_method(sidecar: MakeSidecar) -> None:
     sc = sidecar(append=1)
     channel = sc.channel()
     health = sc.health_stub()
 
     @settings(max_examples=80, deadline=None, derandomize=True)
     @given(payload=st.binary(max_size=64), which=st.sampled_from(METHODS))
-    def run(payload: bytes, which) -> None:
+    def run(payload: bytes, which: tuple[str, bool, bool]) -> None:
         method, cstream, sstream = which
         kw = {"request_serializer": None, "response_deserializer": None}
         try:
@@ -130,7 +137,9 @@ def test_random_bytes_never_crash_a_method(sidecar):
     run()
 
 
-def test_oversized_unary_requests_are_resource_exhausted_and_change_nothing(sidecar):
+def test_oversized_unary_requests_are_resource_exhausted_and_change_nothing(
+    sidecar: MakeSidecar,
+) -> None:
     sc = seeded(sidecar, max_receive_message_bytes=64 * 1024)
     before = sc.store.stats()
     big = pb.ProcessDeclaration(pid=1, process_context=b"x" * (70 * 1024))
@@ -150,11 +159,13 @@ def test_oversized_unary_requests_are_resource_exhausted_and_change_nothing(side
             timeout=TIMEOUT,
         )
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert sc.declared.held[1]["context"] == b""
+    assert not declared(sc.declared, 1).has_process_context
     assert_intact_and_serving(sc, before)
 
 
-def test_an_oversized_stream_message_ends_the_stream_after_applying_the_earlier_ones(sidecar):
+def test_an_oversized_stream_message_ends_the_stream_after_applying_the_earlier_ones(
+    sidecar: MakeSidecar,
+) -> None:
     sc = seeded(sidecar, max_receive_message_bytes=64 * 1024)
     before = sc.store.stats()
     events = [
@@ -169,7 +180,7 @@ def test_an_oversized_stream_message_ends_the_stream_after_applying_the_earlier_
             answers.append(resp.accepted)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert answers == [True]
-    assert sorted(sc.declared.held) == [1, 2, 3]
-    del sc.declared.held[3]
+    assert_held(sc.declared, 1, 2, 3)
+    assert sc.declared.exit(3) == 1
     assert sc.server.wait_streams_closed(TIMEOUT)
     assert_intact_and_serving(sc, before)

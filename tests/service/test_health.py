@@ -1,23 +1,25 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 from gpumetrics.service import OVERALL_HEALTH, PROFILER_SERVICE, PULL_SERVICE, SidecarHealth
 from gpumetrics.v1 import pull_pb2
-from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from .conftest import TIMEOUT
+from .conftest import TIMEOUT, MakeSidecar
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 NAMES = (OVERALL_HEALTH, PULL_SERVICE, PROFILER_SERVICE)
 
 
-def check(stub, name: str) -> int:
+def check(stub: health_pb2_grpc.HealthStub, name: str) -> int:
     return stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=TIMEOUT).status
 
 
-def test_not_serving_until_ready_then_serving(sidecar):
+def test_not_serving_until_ready_then_serving(sidecar: MakeSidecar) -> None:
     sc = sidecar(ready=False)
     stub = sc.health_stub()
     assert [check(stub, n) for n in NAMES] == [NOT_SERVING] * 3
@@ -27,14 +29,14 @@ def test_not_serving_until_ready_then_serving(sidecar):
     assert check(stub, OVERALL_HEALTH) == NOT_SERVING
 
 
-def test_unknown_service_is_not_found(sidecar):
+def test_unknown_service_is_not_found(sidecar: MakeSidecar) -> None:
     stub = sidecar().health_stub()
     with pytest.raises(grpc.RpcError) as err:
         check(stub, "no.such.Service")
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_stop_sets_not_serving_before_the_listener_goes(sidecar):
+def test_stop_sets_not_serving_before_the_listener_goes(sidecar: MakeSidecar) -> None:
     sc = sidecar()
     stub = sc.health_stub()
     watch = stub.Watch(health_pb2.HealthCheckRequest(service=PULL_SERVICE), timeout=TIMEOUT)
@@ -50,7 +52,7 @@ def test_stop_sets_not_serving_before_the_listener_goes(sidecar):
     assert sc.health.status(PULL_SERVICE) == NOT_SERVING
 
 
-def test_added_names_follow_readiness_or_not():
+def test_added_names_follow_readiness_or_not() -> None:
     health = SidecarHealth()
     health.add_service("plugin", follow_ready=False)
     health.add_service("extra")
@@ -62,7 +64,9 @@ def test_added_names_follow_readiness_or_not():
     assert not health.ready
 
 
-def test_health_only_listener_is_plaintext_and_serves_only_health(sidecar, tmp_path):
+def test_health_only_listener_is_plaintext_and_serves_only_health(
+    sidecar: MakeSidecar, tmp_path: Path
+) -> None:
     token = tmp_path / "pull.token"
     token.write_text("p" * 32 + "\n")
     sc = sidecar(health_listen="127.0.0.1:0", pull_token_file=token, ready=False)
@@ -77,7 +81,7 @@ def test_health_only_listener_is_plaintext_and_serves_only_health(sidecar, tmp_p
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_list_reports_every_name(sidecar):
+def test_list_reports_every_name(sidecar: MakeSidecar) -> None:
     sc = sidecar(ready=False)
     resp = sc.health_stub().List(health_pb2.HealthListRequest(), timeout=TIMEOUT)
     assert {k: v.status for k, v in resp.statuses.items()} == dict.fromkeys(NAMES, NOT_SERVING)

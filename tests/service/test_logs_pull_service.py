@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from gpumetrics.events import EventProducer, EventSettings, GpuEvent, count_log_records
+from gpumetrics.identity import DeclaredStore
 from gpumetrics.selftelemetry import Telemetry, WithAttributes
 from gpumetrics.service import LOGS_PULL_SERVICE, ServerSettings, SidecarHealth, SidecarServer
 from gpumetrics.store import BatchStore, StoreLimits
@@ -16,7 +17,7 @@ from gpumetrics.v1 import logs_pull_pb2, logs_pull_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 
-from .conftest import TIMEOUT, FakeDeclaredStore
+from .conftest import TIMEOUT
 
 GPU = (("hw.id", "GPU-1"), ("hw.name", "gpu0"))
 
@@ -30,7 +31,7 @@ class Rig:
         self.server = SidecarServer(
             ServerSettings(**settings),
             BatchStore(telemetry=self.telemetry),
-            FakeDeclaredStore(),
+            DeclaredStore(),
             self.health,
             self.telemetry,
             logs_store=logs_store,
@@ -38,6 +39,12 @@ class Rig:
         self.server.start()
         self.health.mark_ready()
         self.channels: list[grpc.Channel] = []
+
+    @property
+    def store(self) -> BatchStore:
+        """The log store this rig serves (for tests that gave one)."""
+        assert self.logs_store is not None
+        return self.logs_store
 
     def stub(self, metadata: Any = None) -> logs_pull_pb2_grpc.LogsPullServiceStub:
         ch = grpc.insecure_channel(self.server.addresses.listen[0])
@@ -50,8 +57,11 @@ class Rig:
         self.server.stop(0)
 
 
+MakeRig = Callable[..., Rig]
+
+
 @pytest.fixture
-def rig() -> Iterator[Any]:
+def rig() -> Iterator[MakeRig]:
     made: list[Rig] = []
 
     def make(logs_store: BatchStore | None = None, **settings: Any) -> Rig:
@@ -94,28 +104,28 @@ def codes(resp: logs_pull_pb2.PullLogsResponse) -> list[int]:
     return out
 
 
-def test_pull_logs_is_at_least_once_with_sequences_and_acks(rig):
+def test_pull_logs_is_at_least_once_with_sequences_and_acks(rig: MakeRig) -> None:
     r = rig(store_with([[48], [94, 95], [13]]))
     stub = r.stub()
     first = pull(stub, consumer="otelcol", max_log_records=3)
     assert (first.first_sequence, first.last_sequence, first.more) == (1, 2, True)
-    assert codes(first) == [48, 94, 95] and first.epoch == r.logs_store.epoch
+    assert codes(first) == [48, 94, 95] and first.epoch == r.store.epoch
     rest = pull(stub, consumer="otelcol", ack_epoch=first.epoch, read_after_sequence=2)
     assert (rest.first_sequence, rest.last_sequence, rest.more, codes(rest)) == (3, 3, False, [13])
     again = pull(stub, consumer="otelcol")  # nothing acknowledged: sent again from the start
     assert codes(again) == [48, 94, 95, 13]
     done = pull(stub, consumer="otelcol", ack_sequence=3, ack_epoch=first.epoch, ack_only=True)
-    assert done.export_logs_service_request == b"" and r.logs_store.stats().held_batches == 0
+    assert done.export_logs_service_request == b"" and r.store.stats().held_batches == 0
 
 
-def test_an_empty_log_store_answers_empty_not_unavailable(rig):
+def test_an_empty_log_store_answers_empty_not_unavailable(rig: MakeRig) -> None:
     r = rig(BatchStore())
     resp = pull(r.stub(), consumer="c")
     assert (resp.export_logs_service_request, resp.last_sequence, resp.more) == (b"", 0, False)
-    assert resp.epoch == r.logs_store.epoch
+    assert resp.epoch == r.store.epoch
 
 
-def test_drops_are_reported_in_log_records(rig):
+def test_drops_are_reported_in_log_records(rig: MakeRig) -> None:
     limits = StoreLimits(max_data_points=2)
     store = BatchStore(limits)
     r = rig(store)
@@ -142,7 +152,9 @@ def test_drops_are_reported_in_log_records(rig):
         ),
     ],
 )
-def test_malformed_requests_name_the_field(rig, request_fields, field):
+def test_malformed_requests_name_the_field(
+    rig: MakeRig, request_fields: dict[str, Any], field: str
+) -> None:
     r = rig(BatchStore())
     outcome = request_fields.pop("previous_outcome", None)
     if outcome is not None:
@@ -153,7 +165,7 @@ def test_malformed_requests_name_the_field(rig, request_fields, field):
     assert err.value.details().startswith(field)
 
 
-def test_rejections_are_counted_with_signal_logs(rig):
+def test_rejections_are_counted_with_signal_logs(rig: MakeRig) -> None:
     r = rig(store_with([[48]]))
     outcome = logs_pull_pb2.LogsPreviousOutcome(
         last_sequence=1, rejected_log_records=1, error_message="exporter full"
@@ -163,14 +175,14 @@ def test_rejections_are_counted_with_signal_logs(rig):
     assert got == 1
 
 
-def test_without_a_log_store_the_service_is_unimplemented(rig):
+def test_without_a_log_store_the_service_is_unimplemented(rig: MakeRig) -> None:
     r = rig(None)
     with pytest.raises(grpc.RpcError) as err:
         pull(r.stub(), consumer="c")
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_health_answers_for_the_logs_service(rig):
+def test_health_answers_for_the_logs_service(rig: MakeRig) -> None:
     r = rig(BatchStore())
     ch = grpc.insecure_channel(r.server.addresses.listen[0])
     r.channels.append(ch)
@@ -180,7 +192,7 @@ def test_health_answers_for_the_logs_service(rig):
     assert resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_logs_need_a_pull_token(rig, tmp_path: Path):
+def test_logs_need_a_pull_token(rig: MakeRig, tmp_path: Path) -> None:
     pull_file, declare_file = tmp_path / "pull", tmp_path / "declare"
     pull_file.write_text("pull-secret-0123456789\n")
     declare_file.write_text("declare-secret-0123456789\n")

@@ -8,6 +8,8 @@ name containing ``/`` collided with a common name plus metadata.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -19,16 +21,16 @@ from gpumetrics.service.profiler import certificate_identity
 from gpumetrics.v1 import profiler_pb2 as pb
 from gpumetrics.v1 import profiler_pb2_grpc
 
-from .conftest import TIMEOUT
+from .conftest import TIMEOUT, MakeSidecar, Sidecar, declared
 from .test_tls import Pem, _key_pem, build_pki, creds, tls_settings
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory):
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return build_pki(tmp_path_factory.mktemp("pki"))
 
 
-def leaf(pki_ca, subject: x509.Name, sans: list[x509.GeneralName]) -> Pem:
+def leaf(pki_ca: Any, subject: x509.Name, sans: list[x509.GeneralName]) -> Pem:
     ca_key, ca_cert = pki_ca
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.UTC)
@@ -52,7 +54,14 @@ def cn(name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
 
 
-def declare(sc, pki, client: Pem, pids, replace_all=False, metadata=()):
+def declare(
+    sc: Sidecar,
+    pki: dict[str, Any],
+    client: Pem,
+    pids: Sequence[int],
+    replace_all: bool = False,
+    metadata: Sequence[tuple[str, str]] = (),
+) -> Any:
     channel = sc.channel("localhost:" + sc.address.rsplit(":", 1)[1], creds(pki["ca"].cert, client))
     stub = profiler_pb2_grpc.ProfilerIntegrationServiceStub(channel)
     return stub.DeclareProcesses(
@@ -64,7 +73,9 @@ def declare(sc, pki, client: Pem, pids, replace_all=False, metadata=()):
     )
 
 
-def test_agents_with_san_only_certificates_are_different_declarers(sidecar, pki):
+def test_agents_with_san_only_certificates_are_different_declarers(
+    sidecar: MakeSidecar, pki: dict[str, Any]
+) -> None:
     store = DeclaredStore()
     sc = sidecar(declared=store, **tls_settings(pki, mtls=True))
     ca = pki["ca_key_cert"]
@@ -74,7 +85,7 @@ def test_agents_with_san_only_certificates_are_different_declarers(sidecar, pki)
     declare(sc, pki, spiffe_a, [1, 2])
     declare(sc, pki, spiffe_b, [3])
     declare(sc, pki, dns_only, [4])
-    owners = {pid: store.lookup(pid)[0].declarer for pid in (1, 3, 4)}
+    owners = {pid: declared(store, pid).declarer for pid in (1, 3, 4)}
     assert owners == {
         1: "x509:uri=spiffe://c/ns/a/sa/x",
         3: "x509:uri=spiffe://c/ns/b/sa/x",
@@ -85,19 +96,21 @@ def test_agents_with_san_only_certificates_are_different_declarers(sidecar, pki)
     assert [p for p in range(1, 6) if store.lookup(p)[1]] == [1, 2, 4, 5]
 
 
-def test_a_common_name_with_a_slash_does_not_collide_with_name_plus_metadata(sidecar, pki):
+def test_a_common_name_with_a_slash_does_not_collide_with_name_plus_metadata(
+    sidecar: MakeSidecar, pki: dict[str, Any]
+) -> None:
     store = DeclaredStore()
     sc = sidecar(declared=store, **tls_settings(pki, mtls=True))
     ca = pki["ca_key_cert"]
     declare(sc, pki, leaf(ca, cn("agent/node-7"), []), [1])
     declare(sc, pki, leaf(ca, cn("agent"), []), [2], metadata=(("gpumetrics-declarer", "node-7"),))
-    one, two = store.lookup(1)[0].declarer, store.lookup(2)[0].declarer
+    one, two = declared(store, 1).declarer, declared(store, 2).declarer
     assert (one, two) == ("x509:cn=agent/node-7", "x509:cn=agent#node-7")
     assert declare(sc, pki, leaf(ca, cn("agent/node-7"), []), [], replace_all=True).released == 1
     assert store.lookup(2)[1]  # the other agent's declaration stays
 
 
-def test_certificate_identity_escapes_and_falls_back_to_the_fingerprint():
+def test_certificate_identity_escapes_and_falls_back_to_the_fingerprint() -> None:
     pem = [b"-----BEGIN CERTIFICATE-----x"]
     assert certificate_identity({}) is None  # no client certificate: plain TLS or plaintext
     assert certificate_identity({"x509_pem_cert": pem, "peer_dns": [b"b.x", b"a.x"]}) == (

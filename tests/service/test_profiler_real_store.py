@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from gpumetrics.identity.declared import DeclaredStore
+from gpumetrics.identity.declared import DeclaredStore, Resync
 from gpumetrics.v1 import profiler_pb2 as pb
 from opentelemetry.proto.resource.v1 import resource_pb2
 
-from .conftest import TIMEOUT, StreamClient
+from .conftest import TIMEOUT, MakeSidecar, StreamClient
 
 
 def resource(**attrs: str) -> bytes:
@@ -17,7 +17,7 @@ def resource(**attrs: str) -> bytes:
     return r.SerializeToString()
 
 
-def test_declare_then_lookup(sidecar):
+def test_declare_then_lookup(sidecar: MakeSidecar) -> None:
     store = DeclaredStore()
     sc = sidecar(declared=store)
     resp = sc.profiler_stub().DeclareProcesses(
@@ -47,7 +47,7 @@ def test_declare_then_lookup(sidecar):
     assert sc.telemetry.value("gpumetrics.declarations") == 1
 
 
-def test_real_store_rejections_are_prefixed_with_the_entry(sidecar):
+def test_real_store_rejections_are_prefixed_with_the_entry(sidecar: MakeSidecar) -> None:
     store = DeclaredStore()
     sc = sidecar(declared=store)
     resp = sc.profiler_stub().DeclareProcesses(
@@ -72,7 +72,7 @@ def test_real_store_rejections_are_prefixed_with_the_entry(sidecar):
     assert [p for p in range(1, 5) if store.lookup(p)[1]] == [4]
 
 
-def test_real_store_stream_resync_releases_what_was_not_redeclared(sidecar):
+def test_real_store_stream_resync_releases_what_was_not_redeclared(sidecar: MakeSidecar) -> None:
     store = DeclaredStore()
     sc = sidecar(declared=store)
     stream = StreamClient(sc.profiler_stub(), (("gpumetrics-declarer", "agent"),))
@@ -93,13 +93,13 @@ def test_real_store_stream_resync_releases_what_was_not_redeclared(sidecar):
     stream.close()
 
 
-def test_stream_ending_inside_a_resync_abandons_it_without_releasing(sidecar):
+def test_stream_ending_inside_a_resync_abandons_it_without_releasing(sidecar: MakeSidecar) -> None:
     import threading
 
     aborted = threading.Event()
 
     class Store(DeclaredStore):
-        def abort_resync(self, resync) -> bool:
+        def abort_resync(self, resync: Resync) -> bool:
             result = super().abort_resync(resync)
             aborted.set()
             return result

@@ -4,7 +4,7 @@ import grpc
 import pytest
 from gpumetrics.v1 import profiler_pb2 as pb
 
-from .conftest import TIMEOUT, StreamClient
+from .conftest import TIMEOUT, MakeSidecar, StreamClient, assert_held, declared
 
 
 def decl(pid: int, start: int = 100, **env: bytes) -> pb.ProcessDeclaration:
@@ -19,7 +19,9 @@ def declarer_md(name: str) -> tuple[tuple[str, str], ...]:
     return (("gpumetrics-declarer", name),)
 
 
-def test_declare_batch_applies_accepted_entries_and_names_rejected_fields(sidecar):
+def test_declare_batch_applies_accepted_entries_and_names_rejected_fields(
+    sidecar: MakeSidecar,
+) -> None:
     sc = sidecar()
     sc.declared.declare(7, 1, b"", [("OTEL_SERVICE_NAME", b"kept")], b"")
     resp = sc.profiler_stub().DeclareProcesses(
@@ -45,9 +47,10 @@ def test_declare_batch_applies_accepted_entries_and_names_rejected_fields(sideca
         (2, 7, "processes[2].environment[1].name"),
     ]
     assert all(r.reason for r in resp.rejected)
-    assert sc.declared.held[10]["env"] == {"OTEL_SERVICE_NAME": b"trainer"}
-    assert sc.declared.held[7]["env"] == {"OTEL_SERVICE_NAME": b"kept"}  # rejected: unchanged
-    assert 11 in sc.declared.held
+    assert declared(sc.declared, 10).environment == {"OTEL_SERVICE_NAME": b"trainer"}
+    # rejected: unchanged
+    assert declared(sc.declared, 7).environment == {"OTEL_SERVICE_NAME": b"kept"}
+    assert_held(sc.declared, 7, 10, 11)
     assert sc.telemetry.value("gpumetrics.declarations.rejected", {"field": "pid"}) == 1
     assert (
         sc.telemetry.value("gpumetrics.declarations.rejected", {"field": "environment[].name"}) == 1
@@ -55,81 +58,13 @@ def test_declare_batch_applies_accepted_entries_and_names_rejected_fields(sideca
     assert sc.telemetry.value("gpumetrics.declarations") == 3
 
 
-def test_replace_all_releases_what_the_declarer_did_not_repeat(sidecar):
-    sc = sidecar()
-    stub = sc.profiler_stub()
-    stub.DeclareProcesses(
-        pb.DeclareProcessesRequest(processes=[decl(1), decl(2), decl(3)]),
-        metadata=declarer_md("agent-a"),
-        timeout=TIMEOUT,
-    )
-    stub.DeclareProcesses(
-        pb.DeclareProcessesRequest(processes=[decl(9)]),
-        metadata=declarer_md("agent-b"),
-        timeout=TIMEOUT,
-    )
-    resp = stub.DeclareProcesses(
-        pb.DeclareProcessesRequest(processes=[decl(2), decl(0)], replace_all=True),
-        metadata=declarer_md("agent-a"),
-        timeout=TIMEOUT,
-    )
-    assert (resp.accepted, resp.released) == (1, 2)
-    assert [r.field for r in resp.rejected] == ["processes[1].pid"]
-    assert sorted(sc.declared.held) == [2, 9]  # agent-b's process untouched
-
-
-def test_report_exits(sidecar):
-    sc = sidecar()
-    stub = sc.profiler_stub()
-    stub.DeclareProcesses(
-        pb.DeclareProcessesRequest(processes=[decl(5, 50), decl(6, 60)]), timeout=TIMEOUT
-    )
-    resp = stub.ReportExits(
-        pb.ReportExitsRequest(
-            exits=[
-                pb.ProcessExit(pid=5, start_time_ticks=50),
-                pb.ProcessExit(pid=6, start_time_ticks=61),  # another process's start time: kept
-                pb.ProcessExit(pid=0),
-            ]
-        ),
-        timeout=TIMEOUT,
-    )
-    assert resp.released == 1
-    assert [(r.index, r.field) for r in resp.rejected] == [(2, "exits[2].pid")]
-    assert sorted(sc.declared.held) == [6]
-
-
-def test_too_many_entries_is_refused_whole(sidecar):
-    sc = sidecar(max_declarations_per_request=3)
-    with pytest.raises(grpc.RpcError) as err:
-        sc.profiler_stub().DeclareProcesses(
-            pb.DeclareProcessesRequest(processes=[decl(p) for p in range(1, 5)]), timeout=TIMEOUT
-        )
-    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert err.value.details().startswith("processes: 4 entries exceed the limit of 3")
-    assert len(sc.declared) == 0
-
-
-def test_bad_declarer_metadata_is_invalid_argument(sidecar):
-    sc = sidecar()
-    with pytest.raises(grpc.RpcError) as err:
-        sc.profiler_stub().DeclareProcesses(
-            pb.DeclareProcessesRequest(processes=[decl(1)]),
-            metadata=declarer_md("a b"),
-            timeout=TIMEOUT,
-        )
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert err.value.details().startswith("metadata gpumetrics-declarer:")
-    assert len(sc.declared) == 0
-
-
-def test_stream_declares_exits_and_resyncs(sidecar):
+def test_stream_declares_exits_and_resyncs(sidecar: MakeSidecar) -> None:
     sc = sidecar()
     stream = StreamClient(sc.profiler_stub(), declarer_md("agent"))
     assert stream.send(declare=decl(1)).accepted
     assert stream.send(declare=decl(2)).accepted
     assert stream.send(declare=decl(3)).accepted
-    bad = stream.send(declare=decl(4, OTEL_OK=b"x", **{"HOME=": b"/root"}))
+    bad = stream.send(declare=decl(4, 100, OTEL_OK=b"x", **{"HOME=": b"/root"}))
     assert not bad.accepted
     assert (bad.rejection.field, bad.rejection.pid) == ("declare.environment[1].name", 4)
     assert stream.send(exit=pb.ProcessExit(pid=3)).accepted
@@ -137,7 +72,7 @@ def test_stream_declares_exits_and_resyncs(sidecar):
     assert stream.send(declare=decl(2)).accepted
     end = stream.send(resync_end=pb.ResyncEnd())
     assert (end.accepted, end.released) == (True, 1)  # pid 1 was not re-declared
-    assert sorted(sc.declared.held) == [2]
+    assert_held(sc.declared, 2)
     unset = stream.send()
     assert (unset.accepted, unset.rejection.field) == (False, "event")
     orphan = stream.send(resync_end=pb.ResyncEnd())
@@ -147,7 +82,7 @@ def test_stream_declares_exits_and_resyncs(sidecar):
     assert sc.server.open_streams == 0
 
 
-def test_streams_beyond_the_limit_are_refused_and_pull_is_not_starved(sidecar):
+def test_streams_beyond_the_limit_are_refused_and_pull_is_not_starved(sidecar: MakeSidecar) -> None:
     sc = sidecar(max_streams=2, unary_workers=2, append=1)
     stub = sc.profiler_stub()
     open_streams = [StreamClient(stub) for _ in range(2)]

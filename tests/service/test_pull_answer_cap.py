@@ -10,12 +10,12 @@ from gpumetrics.store import StoreLimits
 from gpumetrics.v1 import pull_pb2
 
 from ..store.conftest import build_request
-from .conftest import TIMEOUT
+from .conftest import TIMEOUT, MakeSidecar
 
 MiB = 1024 * 1024
 
 
-def test_default_settings_cap_an_answer_whatever_is_asked(sidecar):
+def test_default_settings_cap_an_answer_whatever_is_asked(sidecar: MakeSidecar) -> None:
     sc = sidecar(limits=StoreLimits(max_data_points=10**7))  # the other limits at their defaults
     one = build_request(20000)  # 0.4 MB
     for _ in range(60):

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import pytest
 from gpumetrics.service.pull import encode_pull_response
 from gpumetrics.store import BatchStore, PullResult, StoreLimits
-from gpumetrics.v1 import pull_pb2
+from gpumetrics.v1 import pull_pb2, pull_pb2_grpc
 
 from ..store.conftest import build_request
-from .conftest import TIMEOUT
+from .conftest import TIMEOUT, MakeSidecar
 
 KiB = 1024
 
 
-def pull(stub, **fields) -> pull_pb2.PullResponse:
+def pull(stub: pull_pb2_grpc.MetricsPullServiceStub, **fields: Any) -> pull_pb2.PullResponse:
     return stub.Pull(pull_pb2.PullRequest(**fields), timeout=TIMEOUT)
 
 
-def test_the_hand_written_response_parses_as_protobufs_own():
+def test_the_hand_written_response_parses_as_protobufs_own() -> None:
     parts = (build_request(3, "a").SerializeToString(), build_request(2, "b").SerializeToString())
     result = PullResult(parts, "e", 4, 5, True, 5, 7, 9, ("max_age", "max_bytes"))
     ours = pull_pb2.PullResponse.FromString(encode_pull_response(result))
@@ -38,7 +40,7 @@ def test_the_hand_written_response_parses_as_protobufs_own():
     assert encode_pull_response(empty) == pull_pb2.PullResponse(epoch="e").SerializeToString()
 
 
-def test_a_request_for_more_is_capped_at_pull_max_bytes(sidecar):
+def test_a_request_for_more_is_capped_at_pull_max_bytes(sidecar: MakeSidecar) -> None:
     one = build_request(3000).ByteSize()
     sc = sidecar(pull_default_max_bytes=one, pull_max_bytes=3 * one + 100)
     for _ in range(8):
@@ -47,7 +49,9 @@ def test_a_request_for_more_is_capped_at_pull_max_bytes(sidecar):
     assert (r.first_sequence, r.last_sequence, r.more) == (1, 3, True)
 
 
-def test_answers_in_flight_share_one_budget_and_wellbehaved_pulls_are_still_served(sidecar):
+def test_answers_in_flight_share_one_budget_and_wellbehaved_pulls_are_still_served(
+    sidecar: MakeSidecar,
+) -> None:
     one = build_request(3000).ByteSize()
     store = BatchStore(epoch="E", max_batch_bytes=2 * one)
     sc = sidecar(
@@ -78,7 +82,7 @@ def test_answers_in_flight_share_one_budget_and_wellbehaved_pulls_are_still_serv
     assert budget.peak <= budget.limit
 
 
-def test_a_pull_whose_answer_cannot_be_sent_changes_nothing(sidecar):
+def test_a_pull_whose_answer_cannot_be_sent_changes_nothing(sidecar: MakeSidecar) -> None:
     # A batch larger than the send limit cannot arise from the sidecar's own wiring any more (it
     # splits what it stores); a store built without that bound forces gRPC to refuse the send.
     big = build_request(20000)

@@ -1,16 +1,18 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from gpumetrics.metrics import count_points
 from gpumetrics.store import BatchStore, StoreLimits
-from gpumetrics.v1 import pull_pb2
+from gpumetrics.v1 import pull_pb2, pull_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 
 from ..store.conftest import build_request
-from .conftest import TIMEOUT
+from .conftest import TIMEOUT, MakeSidecar
 
 
 def parse(resp: pull_pb2.PullResponse) -> metrics_service_pb2.ExportMetricsServiceRequest:
@@ -23,11 +25,11 @@ def tags(resp: pull_pb2.PullResponse) -> list[str]:
     return [rm.resource.attributes[0].value.string_value for rm in parse(resp).resource_metrics]
 
 
-def pull(stub, **kw) -> pull_pb2.PullResponse:
+def pull(stub: pull_pb2_grpc.MetricsPullServiceStub, **kw: Any) -> pull_pb2.PullResponse:
     return stub.Pull(pull_pb2.PullRequest(**kw), timeout=TIMEOUT)
 
 
-def test_unavailable_before_the_first_collection(sidecar):
+def test_unavailable_before_the_first_collection(sidecar: MakeSidecar) -> None:
     sc = sidecar(ready=False)
     with pytest.raises(grpc.RpcError) as err:
         pull(sc.pull_stub(), consumer="c")
@@ -37,7 +39,7 @@ def test_unavailable_before_the_first_collection(sidecar):
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
-def test_pull_then_ack_releases(sidecar, short_tmp, transport):
+def test_pull_then_ack_releases(sidecar: MakeSidecar, short_tmp: Path, transport: str) -> None:
     listen = ["127.0.0.1:0"] if transport == "tcp" else [f"unix://{short_tmp}/s.sock"]
     sc = sidecar(listen=listen, append=3)
     stub = sc.pull_stub()
@@ -53,7 +55,7 @@ def test_pull_then_ack_releases(sidecar, short_tmp, transport):
     assert sc.store.stats().held_batches == 0
 
 
-def test_two_consumers_keep_independent_cursors(sidecar):
+def test_two_consumers_keep_independent_cursors(sidecar: MakeSidecar) -> None:
     sc = sidecar(append=4)
     stub = sc.pull_stub()
     a = pull(stub, consumer="a", max_data_points=2)
@@ -65,7 +67,9 @@ def test_two_consumers_keep_independent_cursors(sidecar):
     assert sc.store.stats().held_batches == 2  # b acked all; a only up to 2
 
 
-def test_consumer_that_never_acks_is_charged_alone_and_the_store_stays_bounded(sidecar):
+def test_consumer_that_never_acks_is_charged_alone_and_the_store_stays_bounded(
+    sidecar: MakeSidecar,
+) -> None:
     sc = sidecar(limits=StoreLimits(max_data_points=20))
     stub = sc.pull_stub()
     sc.store.append(build_request(5))
@@ -88,7 +92,7 @@ def test_consumer_that_never_acks_is_charged_alone_and_the_store_stays_bounded(s
     )
 
 
-def test_full_store_reports_exact_drop_counts(sidecar):
+def test_full_store_reports_exact_drop_counts(sidecar: MakeSidecar) -> None:
     sc = sidecar(limits=StoreLimits(max_data_points=10))
     sc.store.append(build_request(4))
     stub = sc.pull_stub()
@@ -103,7 +107,7 @@ def test_full_store_reports_exact_drop_counts(sidecar):
     assert s.appended_points == s.held_points + sum(s.dropped_points.values()) + s.released_points
 
 
-def test_acknowledging_each_answer_also_drains_a_backlog(sidecar):
+def test_acknowledging_each_answer_also_drains_a_backlog(sidecar: MakeSidecar) -> None:
     sc = sidecar(append=10)
     stub = sc.pull_stub()
     seen, ack, epoch, pulls = [], 0, sc.store.epoch, 0
@@ -118,7 +122,9 @@ def test_acknowledging_each_answer_also_drains_a_backlog(sidecar):
     assert pulls == 4
 
 
-def test_read_after_sequence_drains_a_backlog_before_one_ack_releases_it(sidecar):
+def test_read_after_sequence_drains_a_backlog_before_one_ack_releases_it(
+    sidecar: MakeSidecar,
+) -> None:
     sc = sidecar(append=10)
     stub = sc.pull_stub()
     seen, answers, position, epoch = [], [], 0, ""
@@ -140,7 +146,7 @@ def test_read_after_sequence_drains_a_backlog_before_one_ack_releases_it(sidecar
     assert sc.store.stats().held_batches == 0
 
 
-def test_a_refused_delivery_is_read_again_from_the_ack_cursor(sidecar):
+def test_a_refused_delivery_is_read_again_from_the_ack_cursor(sidecar: MakeSidecar) -> None:
     sc = sidecar(append=3)
     stub = sc.pull_stub()
     epoch = sc.store.epoch
@@ -159,7 +165,7 @@ def test_a_refused_delivery_is_read_again_from_the_ack_cursor(sidecar):
     assert sc.telemetry.value("gpumetrics.pull.rejected_points", {"consumer": "c"}) == 3
 
 
-def test_read_after_sequence_of_another_epoch_is_ignored(sidecar):
+def test_read_after_sequence_of_another_epoch_is_ignored(sidecar: MakeSidecar) -> None:
     sc = sidecar(store=BatchStore(epoch="fresh"), append=3)
     stub = sc.pull_stub()
     got = pull(stub, consumer="c", ack_epoch="before-restart", read_after_sequence=2)
@@ -172,7 +178,7 @@ def test_read_after_sequence_of_another_epoch_is_ignored(sidecar):
     )
 
 
-def test_a_new_epoch_ignores_the_old_ack(sidecar):
+def test_a_new_epoch_ignores_the_old_ack(sidecar: MakeSidecar) -> None:
     old = sidecar(append=2)
     r = pull(old.pull_stub(), consumer="c")
     restarted = sidecar(store=BatchStore(epoch="fresh"), append=1)
@@ -197,7 +203,9 @@ def test_a_new_epoch_ignores_the_old_ack(sidecar):
         ),
     ],
 )
-def test_invalid_requests_name_the_field_and_change_nothing(sidecar, request_kwargs, field):
+def test_invalid_requests_name_the_field_and_change_nothing(
+    sidecar: MakeSidecar, request_kwargs: dict[str, Any], field: str
+) -> None:
     sc = sidecar(append=1)
     before = sc.store.stats()
     with pytest.raises(grpc.RpcError) as err:
@@ -207,7 +215,7 @@ def test_invalid_requests_name_the_field_and_change_nothing(sidecar, request_kwa
     assert sc.store.stats() == before
 
 
-def test_too_many_consumers_is_resource_exhausted(sidecar):
+def test_too_many_consumers_is_resource_exhausted(sidecar: MakeSidecar) -> None:
     sc = sidecar(limits=StoreLimits(max_consumers=1), append=1)
     pull(sc.pull_stub(), consumer="one")
     with pytest.raises(grpc.RpcError) as err:
@@ -216,7 +224,9 @@ def test_too_many_consumers_is_resource_exhausted(sidecar):
     assert "max_consumers" in err.value.details()
 
 
-def test_previous_outcome_rejections_are_counted_and_logged(sidecar, caplog):
+def test_previous_outcome_rejections_are_counted_and_logged(
+    sidecar: MakeSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
     sc = sidecar(append=1)
     stub = sc.pull_stub()
     r = pull(stub, consumer="col")
@@ -239,7 +249,7 @@ def test_previous_outcome_rejections_are_counted_and_logged(sidecar, caplog):
     assert sc.store.stats().held_batches == 0
 
 
-def test_default_answer_size_and_clamped_requests(sidecar):
+def test_default_answer_size_and_clamped_requests(sidecar: MakeSidecar) -> None:
     one = build_request(3000).ByteSize()  # > 22 KiB, so 3 batches + envelope >= 128 KiB
     sc = sidecar(pull_default_max_bytes=one * 2, max_send_message_bytes=one * 3 + 64 * 1024)
     for _ in range(6):
@@ -250,7 +260,7 @@ def test_default_answer_size_and_clamped_requests(sidecar):
     assert big.last_sequence == 3 and big.more
 
 
-def test_the_push_exporters_consumer_name_is_reserved():
+def test_the_push_exporters_consumer_name_is_reserved() -> None:
     from gpumetrics.service.pull import RESERVED_CONSUMERS
     from gpumetrics.service.push import PUSH_CONSUMER
 

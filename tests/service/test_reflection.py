@@ -8,6 +8,8 @@ grpcurl itself is exercised in tests/e2e/test_grpcurl.py.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -18,13 +20,15 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from .conftest import TIMEOUT
+from .conftest import TIMEOUT, MakeSidecar
 
 V1 = "grpc.reflection.v1.ServerReflection"
 V1ALPHA = "grpc.reflection.v1alpha.ServerReflection"
 
 
-def ask(channel: grpc.Channel, service: str, **request) -> reflection_pb2.ServerReflectionResponse:
+def ask(
+    channel: grpc.Channel, service: str, **request: Any
+) -> reflection_pb2.ServerReflectionResponse:
     """One request on ``service``'s ServerReflectionInfo stream (v1 and v1alpha share messages)."""
     call = channel.stream_stream(
         f"/{service}/ServerReflectionInfo",
@@ -42,8 +46,8 @@ def lower_camel(name: str) -> str:
     return re.sub(r"_(.)", lambda m: m.group(1).upper(), name).replace("_", "")
 
 
-def fields(file: descriptor_pb2.FileDescriptorProto):
-    def walk(messages):
+def fields(file: descriptor_pb2.FileDescriptorProto) -> Iterator[Any]:
+    def walk(messages: Any) -> Iterator[Any]:
         for message in messages:
             yield from message.field
             yield from message.extension
@@ -54,7 +58,7 @@ def fields(file: descriptor_pb2.FileDescriptorProto):
 
 
 @pytest.mark.parametrize("service", [V1, V1ALPHA])
-def test_both_versions_list_the_same_services(sidecar, service):
+def test_both_versions_list_the_same_services(sidecar: MakeSidecar, service: str) -> None:
     sc = sidecar()
     with sc.channel() as channel:
         listed = ask(channel, service, list_services="").list_services_response.service
@@ -63,7 +67,7 @@ def test_both_versions_list_the_same_services(sidecar, service):
 
 
 @pytest.mark.parametrize("service", [V1, V1ALPHA])
-def test_every_served_field_has_its_json_name(sidecar, service):
+def test_every_served_field_has_its_json_name(sidecar: MakeSidecar, service: str) -> None:
     sc = sidecar()
     with sc.channel() as channel:
         response = ask(channel, service, file_containing_symbol=PULL_SERVICE)
@@ -83,7 +87,7 @@ def test_every_served_field_has_its_json_name(sidecar, service):
     ) in served
 
 
-def test_the_v1_service_is_described_in_its_own_package(sidecar):
+def test_the_v1_service_is_described_in_its_own_package(sidecar: MakeSidecar) -> None:
     sc = sidecar()
     with sc.channel() as channel:
         response = ask(channel, V1, file_containing_symbol=V1)
@@ -104,7 +108,7 @@ def test_the_v1_service_is_described_in_its_own_package(sidecar):
     assert types and all(t.startswith(".grpc.reflection.v1.") for t in types)
 
 
-def test_grpcio_reflection_client_builds_a_pool_with_json_names(sidecar):
+def test_grpcio_reflection_client_builds_a_pool_with_json_names(sidecar: MakeSidecar) -> None:
     """The library's own client (v1alpha) resolves our services from what the server serves."""
     sc = sidecar()
     with sc.channel() as channel:
@@ -117,7 +121,7 @@ def test_grpcio_reflection_client_builds_a_pool_with_json_names(sidecar):
     assert {f.name: f.json_name for f in proto.field}["read_after_sequence"] == "readAfterSequence"
 
 
-def test_reflection_is_off_when_disabled(sidecar):
+def test_reflection_is_off_when_disabled(sidecar: MakeSidecar) -> None:
     sc = sidecar(reflection=False)
     with sc.channel() as channel:
         for service in (V1, V1ALPHA):

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import threading
 
-from gpumetrics.identity.declared import DeclaredStore
+from gpumetrics.identity.declared import DeclaredStore, Resync
 from gpumetrics.v1 import profiler_pb2 as pb
 
-from .conftest import TIMEOUT, StreamClient
+from .conftest import TIMEOUT, MakeSidecar, StreamClient
 
 AGENT = (("gpumetrics-declarer", "agent"),)
 
@@ -24,13 +24,13 @@ class Store(DeclaredStore):
         super().__init__()
         self.aborted = threading.Event()
 
-    def abort_resync(self, resync) -> bool:
+    def abort_resync(self, resync: Resync) -> bool:
         result = super().abort_resync(resync)
         self.aborted.set()
         return result
 
 
-def test_an_old_streams_end_does_not_abort_the_new_streams_resync(sidecar):
+def test_an_old_streams_end_does_not_abort_the_new_streams_resync(sidecar: MakeSidecar) -> None:
     store = Store()
     sc = sidecar(declared=store)
     old = StreamClient(sc.profiler_stub(), AGENT)
@@ -48,7 +48,7 @@ def test_an_old_streams_end_does_not_abort_the_new_streams_resync(sidecar):
     new.close()
 
 
-def test_a_stream_ends_only_its_own_resync(sidecar):
+def test_a_stream_ends_only_its_own_resync(sidecar: MakeSidecar) -> None:
     store = Store()
     sc = sidecar(declared=store)
     a = StreamClient(sc.profiler_stub(), AGENT)

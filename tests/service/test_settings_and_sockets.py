@@ -2,8 +2,11 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
+from typing import Any
 
 import pytest
+from gpumetrics.identity import DeclaredStore
 from gpumetrics.service import (
     ListenError,
     ServerSettings,
@@ -16,10 +19,10 @@ from gpumetrics.store import BatchStore
 from gpumetrics.v1 import pull_pb2
 from pydantic import ValidationError
 
-from .conftest import TIMEOUT, FakeDeclaredStore
+from .conftest import TIMEOUT, MakeSidecar
 
 
-def test_defaults_are_loopback_and_valid():
+def test_defaults_are_loopback_and_valid() -> None:
     s = ServerSettings()
     assert s.listen == ["127.0.0.1:4319"]
     assert parse_listen_address(s.listen[0], "listen[0]").loopback
@@ -37,12 +40,14 @@ def test_defaults_are_loopback_and_valid():
         ("gpu-node:4319", "tcp", "gpu-node", 4319, False),
     ],
 )
-def test_tcp_addresses(text, kind, host, port, loopback):
+def test_tcp_addresses(text: str, kind: str, host: str, port: int, loopback: bool) -> None:
     a = parse_listen_address(text, "listen[0]")
     assert (a.kind, a.host, a.port, a.loopback) == (kind, host, port, loopback)
 
 
-def test_unix_addresses_become_absolute_paths(tmp_path, monkeypatch):
+def test_unix_addresses_become_absolute_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     for text in (f"unix://{tmp_path}/a.sock", f"unix:{tmp_path}/a.sock", "unix:a.sock"):
         a = parse_listen_address(text, "listen[0]")
@@ -64,18 +69,18 @@ def test_unix_addresses_become_absolute_paths(tmp_path, monkeypatch):
         ("unix:/" + "x" * 200, "longer than 107 bytes"),
     ],
 )
-def test_bad_addresses_name_the_field(text, message):
+def test_bad_addresses_name_the_field(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=rf"^'profiler_listen\[2\]': .*{message}"):
         parse_listen_address(text, "profiler_listen[2]")
 
 
-def errors(**kw) -> str:
+def errors(**kw: Any) -> str:
     with pytest.raises(ValidationError) as err:
         ServerSettings(**kw)
     return str(err.value)
 
 
-def test_security_rules_name_the_field(tmp_path):
+def test_security_rules_name_the_field(tmp_path: Path) -> None:
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
     token = tmp_path / "t"
     assert "'listen[1]': 0.0.0.0:4319 is not loopback" in errors(
@@ -104,24 +109,25 @@ def test_security_rules_name_the_field(tmp_path):
     assert "'health_listen'" in errors(health_listen="nonsense")
     assert "unix_socket_mode" in errors(unix_socket_mode=0o1777)
     assert "'unix_socket_mode': '0o9' is not an octal file mode" in errors(unix_socket_mode="0o9")
-    assert ServerSettings(unix_socket_mode="0660").unix_socket_mode == 0o660
-    assert ServerSettings(unix_socket_mode="0o640").unix_socket_mode == 0o640
+    # strings (from YAML or a flag) are converted by the field validator
+    assert ServerSettings(unix_socket_mode="0660").unix_socket_mode == 0o660  # type: ignore[arg-type]
+    assert ServerSettings(unix_socket_mode="0o640").unix_socket_mode == 0o640  # type: ignore[arg-type]
     assert "max_streams" in errors(max_streams=0)
     assert "'pull_default_max_bytes'" in errors(pull_default_max_bytes=64 * 1024 * 1024)
     assert "extra_forbidden" in errors(lisen=["127.0.0.1:0"])
 
 
-def test_unreadable_tls_files_name_the_field(tmp_path):
+def test_unreadable_tls_files_name_the_field(tmp_path: Path) -> None:
     bad = tmp_path / "not.pem"
     bad.write_text("hello")
     settings = ServerSettings(
         listen=["127.0.0.1:0"], tls_cert_file=bad, tls_key_file=tmp_path / "missing.pem"
     )
     with pytest.raises(ValueError, match="^'tls_cert_file': .* is not PEM"):
-        SidecarServer(settings, BatchStore(), FakeDeclaredStore(), SidecarHealth())
+        SidecarServer(settings, BatchStore(), DeclaredStore(), SidecarHealth())
 
 
-def test_unix_socket_file_mode_group_and_cleanup(sidecar, short_tmp):
+def test_unix_socket_file_mode_group_and_cleanup(sidecar: MakeSidecar, short_tmp: Path) -> None:
     default = short_tmp / "d.sock"
     group = short_tmp / "g.sock"
     sc = sidecar(listen=[f"unix://{default}"], append=1)
@@ -137,15 +143,17 @@ def test_unix_socket_file_mode_group_and_cleanup(sidecar, short_tmp):
     assert not default.exists() and not group.exists()
 
 
-def test_missing_socket_directory_names_the_field(short_tmp):
+def test_missing_socket_directory_names_the_field(short_tmp: Path) -> None:
     settings = ServerSettings(listen=[f"unix:{short_tmp}/nope/s.sock"])
-    server = SidecarServer(settings, BatchStore(), FakeDeclaredStore(), SidecarHealth())
+    server = SidecarServer(settings, BatchStore(), DeclaredStore(), SidecarHealth())
     with pytest.raises(SettingError, match=r"^'listen\[0\]': directory .* does not exist$"):
         server.start()
     server.stop(0)
 
 
-def test_addresses_report_real_ports_and_a_failed_start_leaves_nothing_bound(sidecar, short_tmp):
+def test_addresses_report_real_ports_and_a_failed_start_leaves_nothing_bound(
+    sidecar: MakeSidecar, short_tmp: Path
+) -> None:
     sc = sidecar(listen=["127.0.0.1:0", "127.0.0.1:0"])
     ports = [addr.rsplit(":", 1)[1] for addr in sc.server.addresses.listen]
     assert len(set(ports)) == 2 and "0" not in ports
@@ -154,7 +162,7 @@ def test_addresses_report_real_ports_and_a_failed_start_leaves_nothing_bound(sid
     clash = SidecarServer(
         ServerSettings(listen=[f"unix:{sock}", taken]),
         BatchStore(),
-        FakeDeclaredStore(),
+        DeclaredStore(),
         SidecarHealth(),
     )
     with pytest.raises(ListenError) as info:  # a RuntimeError, as grpc's own bind error
@@ -168,14 +176,16 @@ def test_addresses_report_real_ports_and_a_failed_start_leaves_nothing_bound(sid
     clash.stop(0)
 
 
-def test_add_listener_and_add_service_before_start_only(sidecar, short_tmp):
+def test_add_listener_and_add_service_before_start_only(
+    sidecar: MakeSidecar, short_tmp: Path
+) -> None:
     server = SidecarServer(
-        ServerSettings(listen=[]), BatchStore(), FakeDeclaredStore(), SidecarHealth()
+        ServerSettings(listen=[]), BatchStore(), DeclaredStore(), SidecarHealth()
     )
     with pytest.raises(RuntimeError, match="'listen': no listener"):
         server.start()
     server2 = SidecarServer(
-        ServerSettings(listen=[]), BatchStore(), FakeDeclaredStore(), SidecarHealth()
+        ServerSettings(listen=[]), BatchStore(), DeclaredStore(), SidecarHealth()
     )
     with pytest.raises(ValueError, match="'listen': 0.0.0.0:0 is not loopback"):
         server2.add_listener("0.0.0.0:0")

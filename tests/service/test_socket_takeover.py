@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+from pathlib import Path
 
 import pytest
 from gpumetrics.identity.declared import DeclaredStore
@@ -12,12 +13,12 @@ from gpumetrics.service import ListenError, ServerSettings, SidecarHealth, Sidec
 from gpumetrics.store import BatchStore
 
 
-def make(path):
+def make(path: str) -> SidecarServer:
     settings = ServerSettings(listen=[f"unix:{path}"])
     return SidecarServer(settings, BatchStore(), DeclaredStore(), SidecarHealth())
 
 
-def test_a_live_socket_is_not_taken_over_and_keeps_its_file(tmp_path):
+def test_a_live_socket_is_not_taken_over_and_keeps_its_file(tmp_path: Path) -> None:
     path = str(tmp_path / "gm.sock")
     first = make(path)
     first.start()
@@ -36,7 +37,7 @@ def test_a_live_socket_is_not_taken_over_and_keeps_its_file(tmp_path):
     assert not os.path.exists(path)
 
 
-def test_a_stale_socket_file_is_removed_and_the_path_reused(tmp_path):
+def test_a_stale_socket_file_is_removed_and_the_path_reused(tmp_path: Path) -> None:
     path = str(tmp_path / "gm.sock")
     dead = socket.socket(socket.AF_UNIX)
     dead.bind(path)  # bound but never listening, then closed: a killed server's leftover
@@ -52,7 +53,7 @@ def test_a_stale_socket_file_is_removed_and_the_path_reused(tmp_path):
         server.stop(0)
 
 
-def test_a_regular_file_at_the_path_is_refused(tmp_path):
+def test_a_regular_file_at_the_path_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "gm.sock"
     path.write_text("not a socket")
     server = make(str(path))
@@ -62,7 +63,8 @@ def test_a_regular_file_at_the_path_is_refused(tmp_path):
     assert path.read_text() == "not a socket"
 
 
-def test_an_unquoted_octal_mode_is_explained():
+def test_an_unquoted_octal_mode_is_explained() -> None:
     with pytest.raises(ValueError, match=r'quoted string, e.g. "0660"'):
         ServerSettings(unix_socket_mode=660)
-    assert ServerSettings(unix_socket_mode="0660").unix_socket_mode == 0o660
+    # a string from YAML or a flag, converted by the field validator
+    assert ServerSettings(unix_socket_mode="0660").unix_socket_mode == 0o660  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ import pytest
 from gpumetrics.v1 import profiler_pb2 as pb
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from .conftest import TIMEOUT, StreamClient
+from .conftest import TIMEOUT, MakeSidecar, StreamClient
 
 
 class ReflectionStream:
@@ -35,7 +35,7 @@ class ReflectionStream:
             pass
 
 
-def test_idle_reflection_streams_do_not_take_the_profilers_slots(sidecar):
+def test_idle_reflection_streams_do_not_take_the_profilers_slots(sidecar: MakeSidecar) -> None:
     sc = sidecar(max_streams=4, unary_workers=2, append=1)
     channel = sc.channel()
     idle = [ReflectionStream(channel) for _ in range(4)]

@@ -6,6 +6,7 @@ import datetime as dt
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -14,9 +15,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from gpumetrics.v1 import profiler_pb2 as pb
-from gpumetrics.v1 import pull_pb2
+from gpumetrics.v1 import pull_pb2, pull_pb2_grpc
 
-from .conftest import TIMEOUT
+from .conftest import TIMEOUT, MakeSidecar, declared
 
 FAIL_FAST = 5.0  # handshake failures surface at once; this only bounds a broken test
 
@@ -68,7 +69,7 @@ def make_ca(cn: str) -> tuple[Pem, ec.EllipticCurvePrivateKey, x509.Certificate]
     return Pem(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)), key, cert
 
 
-def make_leaf(ca_key, ca_cert, cn: str, server: bool) -> Pem:
+def make_leaf(ca_key: Any, ca_cert: x509.Certificate, cn: str, server: bool) -> Pem:
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.UTC)
     builder = (
@@ -98,11 +99,11 @@ def make_leaf(ca_key, ca_cert, cn: str, server: bool) -> Pem:
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory):
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return build_pki(tmp_path_factory.mktemp("pki"))
 
 
-def build_pki(d: Path) -> dict:
+def build_pki(d: Path) -> dict[str, Any]:
     ca, ca_key, ca_cert = make_ca("gpumetrics test CA")
     other, other_key, other_cert = make_ca("someone else's CA")
     server = make_leaf(ca_key, ca_cert, "sidecar", server=True)
@@ -126,7 +127,7 @@ def build_pki(d: Path) -> dict:
     }
 
 
-def tls_settings(pki, mtls: bool = False) -> dict:
+def tls_settings(pki: dict[str, Any], mtls: bool = False) -> dict[str, Any]:
     s = {"tls_cert_file": pki["files"]["server.pem"], "tls_key_file": pki["files"]["server.key"]}
     if mtls:
         s["tls_client_ca_file"] = pki["files"]["ca.pem"]
@@ -139,11 +140,11 @@ def creds(root: bytes, client: Pem | None = None) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(root, client.key, client.cert)
 
 
-def pull(stub, timeout=TIMEOUT):
+def pull(stub: pull_pb2_grpc.MetricsPullServiceStub, timeout: float = TIMEOUT) -> Any:
     return stub.Pull(pull_pb2.PullRequest(consumer="tls"), timeout=timeout)
 
 
-def test_tls_server(sidecar, pki):
+def test_tls_server(sidecar: MakeSidecar, pki: dict[str, Any]) -> None:
     sc = sidecar(append=1, **tls_settings(pki))
     assert pull(sc.pull_stub(credentials=creds(pki["ca"].cert))).data_points == 1
     for stub in (sc.pull_stub(), sc.pull_stub(credentials=creds(pki["other"].cert))):
@@ -153,7 +154,9 @@ def test_tls_server(sidecar, pki):
     assert [c.name for c in sc.store.stats().consumers] == ["tls"]  # only the good client got in
 
 
-def test_mtls_requires_a_certificate_from_the_configured_ca(sidecar, pki):
+def test_mtls_requires_a_certificate_from_the_configured_ca(
+    sidecar: MakeSidecar, pki: dict[str, Any]
+) -> None:
     sc = sidecar(append=1, **tls_settings(pki, mtls=True))
     root = pki["ca"].cert
     for client in (None, pki["stranger"]):
@@ -164,17 +167,19 @@ def test_mtls_requires_a_certificate_from_the_configured_ca(sidecar, pki):
     assert pull(sc.pull_stub(credentials=creds(root, pki["client"]))).data_points == 1
 
 
-def test_mtls_certificate_names_the_declarer(sidecar, pki):
+def test_mtls_certificate_names_the_declarer(sidecar: MakeSidecar, pki: dict[str, Any]) -> None:
     sc = sidecar(**tls_settings(pki, mtls=True))
     stub = sc.profiler_stub(credentials=creds(pki["ca"].cert, pki["client"]))
     req = pb.DeclareProcessesRequest(processes=[pb.ProcessDeclaration(pid=1)])
     stub.DeclareProcesses(req, timeout=TIMEOUT)
-    assert sc.declared.held[1]["declarer"] == "x509:cn=profiler-agent"
+    assert declared(sc.declared, 1).declarer == "x509:cn=profiler-agent"
     stub.DeclareProcesses(req, metadata=(("gpumetrics-declarer", "node-7"),), timeout=TIMEOUT)
-    assert sc.declared.held[1]["declarer"] == "x509:cn=profiler-agent#node-7"
+    assert declared(sc.declared, 1).declarer == "x509:cn=profiler-agent#node-7"
 
 
-def test_non_loopback_listen_with_tls_and_mtls_is_allowed(sidecar, pki):
+def test_non_loopback_listen_with_tls_and_mtls_is_allowed(
+    sidecar: MakeSidecar, pki: dict[str, Any]
+) -> None:
     sc = sidecar(listen=["0.0.0.0:0"], append=1, **tls_settings(pki, mtls=True))
     port = sc.address.rsplit(":", 1)[1]
     stub = sc.pull_stub(
@@ -183,7 +188,9 @@ def test_non_loopback_listen_with_tls_and_mtls_is_allowed(sidecar, pki):
     assert pull(stub).data_points == 1
 
 
-def test_unix_listeners_stay_plaintext_next_to_tls(sidecar, pki, short_tmp):
+def test_unix_listeners_stay_plaintext_next_to_tls(
+    sidecar: MakeSidecar, pki: dict[str, Any], short_tmp: Path
+) -> None:
     sock = f"unix://{short_tmp}/p.sock"
     sc = sidecar(append=1, profiler_listen=[sock], **tls_settings(pki))
     resp = sc.profiler_stub(address=sc.server.addresses.profiler_listen[0]).DeclareProcesses(

@@ -7,7 +7,7 @@ from gpumetrics.metrics import (
     encode_metric,
     names,
 )
-from gpumetrics.metrics.encode import set_any_value
+from gpumetrics.metrics.encode import AttributeCache, set_any_value
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.common.v1 import common_pb2
@@ -107,11 +107,12 @@ def test_encoding_error_names_the_metric():
         )
 
 
-# --- the wire-bytes fast path equals the field-by-field protobuf encoding -----------------------
+# --- the cached attribute entries give the field-by-field protobuf encoding ----------------------
 
 
 def reference_metric(spec, points):
-    """The plain protobuf-API encoding the fast path must reproduce."""
+    """The plain protobuf-API encoding, every attribute set one by one, that the encoder (with or
+    without its attribute cache) must reproduce."""
     m = metrics_pb2.Metric(name=spec.name, description=spec.description, unit=spec.unit)
     if spec.instrument.is_sum:
         data = m.sum
@@ -158,7 +159,7 @@ times = st.integers(1, 2**64 - 1)
     ),
     use_cache=st.booleans(),
 )
-def test_fast_encoding_equals_the_protobuf_api_encoding(name, raw, use_cache):
+def test_encoding_equals_the_field_by_field_encoding(name, raw, use_cache):
     spec = catalogue().metrics[name]
     is_int = spec.value_type.value == "int"
     points = [
@@ -173,7 +174,7 @@ def test_fast_encoding_equals_the_protobuf_api_encoding(name, raw, use_cache):
 def test_the_attribute_cache_is_filled_once_per_distinct_tuple_and_reused():
     spec = catalogue().metrics[names.MetricPower]
     a, b = (("hw.id", "GPU-1"),), (("hw.id", "GPU-2"),)
-    cache = {}
+    cache: AttributeCache = {}
     m1, m2 = metrics_pb2.Metric(), metrics_pb2.Metric()
     encode_metric(m1, spec, [Point(1.0, T, a), Point(2.0, T, b), Point(3.0, T, a)], cache)
     assert set(cache) == {a, b}
@@ -184,7 +185,7 @@ def test_the_attribute_cache_is_filled_once_per_distinct_tuple_and_reused():
 
 def test_unhashable_attribute_values_are_encoded_without_the_cache():
     spec = catalogue().metrics[names.MetricPower]
-    cache = {}
+    cache: AttributeCache = {}
     m = metrics_pb2.Metric()
     encode_metric(m, spec, [Point(1.0, T, (("tags", ["a", "b"]),))], cache)
     assert cache == {}

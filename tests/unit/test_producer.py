@@ -1,3 +1,5 @@
+from typing import Any
+
 from gpumetrics.metrics import GPU, Producer, count_points, names
 from gpumetrics.selftelemetry import Telemetry
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
@@ -140,6 +142,7 @@ def test_pid_must_be_positive():
     import pytest
 
     p = Producer()
-    for bad in (0, -1, True, "12"):
+    bads: tuple[Any, ...] = (0, -1, True, "12")  # wrong on purpose: mypy would refuse them
+    for bad in bads:
         with pytest.raises(ValueError, match="pid"):
             p.record_process(bad, lambda b: None)

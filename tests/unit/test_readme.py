@@ -10,9 +10,16 @@ ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 
 
+def search(pattern: str, text: str) -> str:
+    """The first group of ``pattern`` in ``text`` (the test fails when it is not there)."""
+    m = re.search(pattern, text, re.S)
+    assert m is not None, f"{pattern!r} not found"
+    return m.group(1)
+
+
 def quick_start_commands():
     section = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    block = search(r"```sh\n(.*?)```", section)
     return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
 
 
@@ -31,7 +38,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_the_scenario_example_in_the_readme_loads():
     section = README.split("## The simulated driver", 1)[1]
-    text = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    text = search(r"```yaml\n(.*?)```", section)
     scenario = sim.scenario_from_data(__import__("yaml").safe_load(text))
     assert [d.uuid for d in scenario.devices] == ["GPU-11111111-2222-4333-8444-555555555555"]
 
@@ -41,11 +48,9 @@ def test_the_relabel_example_in_identity_md_drops_and_labels_as_described():
     from gpumetrics.identity.relabel_config import load_relabel_configs
 
     text = (ROOT / "docs" / "identity.md").read_text()
-    rules = load_relabel_configs(
-        re.search(r"```yaml\n(relabel_configs:.*?)```", text, re.S).group(1)
-    )
+    rules = load_relabel_configs(search(r"```yaml\n(relabel_configs:.*?)```", text))
     assert relabel({"__meta_env_var_OTEL_SERVICE_NAME": "batch-etl"}, rules) is None
     kept = relabel(
         {"__meta_env_var_OTEL_SERVICE_NAME": "trainer", "__meta_kubernetes_namespace": "ml"}, rules
     )
-    assert kept["namespace"] == "ml" and kept["region"] == "eu-west-1"
+    assert kept is not None and kept["namespace"] == "ml" and kept["region"] == "eu-west-1"

@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/collector/confmap/confmaptest"
 
 	"github.com/gpumetrics/gpumetrics/collector/exporter/gpumetricsexporter/internal/metadata"
+	"github.com/gpumetrics/gpumetrics/collector/internal/mdatadoc"
 )
 
 // TestMetadataMatchesYAML keeps the hand-written internal/metadata in step with metadata.yaml:
@@ -31,3 +32,7 @@ func TestMetadataMatchesYAML(t *testing.T) {
 		assert.Equal(t, spec["description"], m.Description, name)
 	}
 }
+
+// TestDocumentation: documentation.md is what mdatagen would generate from metadata.yaml
+// (collector/internal/mdatadoc renders it in mdatagen's layout).
+func TestDocumentation(t *testing.T) { mdatadoc.Check(t) }

@@ -29,10 +29,11 @@ const (
 )
 
 // EnvironmentVariable is one captured environment variable of the process: any name the
-// profiler captures (its include_env_vars / -env-vars), without '=' or NUL.
+// profiler captures (its include_env_vars / -env-vars).
 type EnvironmentVariable struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Variable name, e.g. OTEL_SERVICE_NAME or CUDA_VISIBLE_DEVICES.
+	// Variable name, e.g. OTEL_SERVICE_NAME or CUDA_VISIBLE_DEVICES: non-empty, without '=' or
+	// NUL, unique in the declaration.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Raw value bytes as found in /proc/<pid>/environ (may be invalid UTF-8).
 	Value         []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`

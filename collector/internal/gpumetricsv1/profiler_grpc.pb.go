@@ -40,7 +40,10 @@ type ProfilerIntegrationServiceClient interface {
 	// DeclareProcesses declares (or re-declares) a batch of processes.
 	//
 	// Errors: UNAUTHENTICATED (missing or wrong declare token), PERMISSION_DENIED (a pull-only
-	// token), RESOURCE_EXHAUSTED (more entries or bytes than the configured limits).
+	// token), INVALID_ARGUMENT (a malformed gpumetrics-declarer metadata value),
+	// RESOURCE_EXHAUSTED (more entries than server.max_declarations_per_request, or a request
+	// larger than the server's receive limit: nothing is applied). An entry over a per-field limit
+	// is rejected on its own (DeclareProcessesResponse.rejected).
 	DeclareProcesses(ctx context.Context, in *DeclareProcessesRequest, opts ...grpc.CallOption) (*DeclareProcessesResponse, error)
 	// ReportExits tells the sidecar that processes exited; their declarations are released.
 	ReportExits(ctx context.Context, in *ReportExitsRequest, opts ...grpc.CallOption) (*ReportExitsResponse, error)
@@ -99,7 +102,10 @@ type ProfilerIntegrationServiceServer interface {
 	// DeclareProcesses declares (or re-declares) a batch of processes.
 	//
 	// Errors: UNAUTHENTICATED (missing or wrong declare token), PERMISSION_DENIED (a pull-only
-	// token), RESOURCE_EXHAUSTED (more entries or bytes than the configured limits).
+	// token), INVALID_ARGUMENT (a malformed gpumetrics-declarer metadata value),
+	// RESOURCE_EXHAUSTED (more entries than server.max_declarations_per_request, or a request
+	// larger than the server's receive limit: nothing is applied). An entry over a per-field limit
+	// is rejected on its own (DeclareProcessesResponse.rejected).
 	DeclareProcesses(context.Context, *DeclareProcessesRequest) (*DeclareProcessesResponse, error)
 	// ReportExits tells the sidecar that processes exited; their declarations are released.
 	ReportExits(context.Context, *ReportExitsRequest) (*ReportExitsResponse, error)

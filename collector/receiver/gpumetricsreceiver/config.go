@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/collector/config/configretry"
 	"go.opentelemetry.io/collector/config/configtls"
 	"go.opentelemetry.io/collector/confmap"
 	"go.opentelemetry.io/collector/scraper/scraperhelper"
@@ -65,6 +66,10 @@ type Config struct {
 	MaxBytesPerPull uint64 `mapstructure:"max_bytes_per_pull"`
 	// MaxRecvMsgSizeMiB bounds one PullResponse in remote mode, in MiB (gRPC's default is 4).
 	MaxRecvMsgSizeMiB int `mapstructure:"max_recv_msg_size_mib"`
+	// RetryOnFailure is how a Pull the sidecar answers UNAVAILABLE (starting, restarting, not
+	// stored yet) is retried within the scrape: the Collector's backoff settings, as for the
+	// exporters' `retry_on_failure`, bounded by the scrape's `timeout` (retry.go).
+	RetryOnFailure configretry.BackOffConfig `mapstructure:"retry_on_failure"`
 
 	// tlsKeys are the keys given under `tls` in the YAML (sorted, nested ones joined with
 	// "::"), recorded by Unmarshal so that Validate can tell an explicit `insecure: false` from
@@ -115,7 +120,32 @@ func (cfg *Config) Validate() error {
 	if cfg.MaxPullsPerScrape < 1 || cfg.MaxPullsPerScrape > maxMaxPullsPerScrape {
 		errs = append(errs, fmt.Errorf("'max_pulls_per_scrape' must be between 1 and %d, got %d", maxMaxPullsPerScrape, cfg.MaxPullsPerScrape))
 	}
+	errs = append(errs, validateRetry(cfg.RetryOnFailure)...)
 	return errors.Join(errs...)
+}
+
+// validateRetry checks `retry_on_failure`: configretry's own rules (their messages name the
+// keys under it), and, when enabled, waits that grow from a positive start: a zero
+// `initial_interval` or a `multiplier` below 1 would resend Pulls to a sidecar that is starting
+// as fast as it answers, for most of the scrape.
+func validateRetry(r configretry.BackOffConfig) []error {
+	var errs []error
+	if err := r.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("'retry_on_failure': %w", err))
+	}
+	if !r.Enabled {
+		return errs
+	}
+	if r.InitialInterval <= 0 {
+		errs = append(errs, fmt.Errorf("'retry_on_failure::initial_interval' must be greater than 0 when retries are enabled, got %s", r.InitialInterval))
+	}
+	if r.Multiplier < 1 {
+		errs = append(errs, fmt.Errorf("'retry_on_failure::multiplier' must be at least 1, got %g", r.Multiplier))
+	}
+	if r.MaxInterval < r.InitialInterval {
+		errs = append(errs, fmt.Errorf("'retry_on_failure::max_interval' (%s) must not be less than 'retry_on_failure::initial_interval' (%s)", r.MaxInterval, r.InitialInterval))
+	}
+	return errs
 }
 
 func (cfg *Config) validateSubprocess() []error {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/component/componenttest"
+	"go.opentelemetry.io/collector/config/configretry"
 	"go.opentelemetry.io/collector/confmap"
 	"go.opentelemetry.io/collector/confmap/confmaptest"
 
@@ -26,6 +27,10 @@ func TestLoadConfig(t *testing.T) {
 	subprocess.StartTimeout = 45 * time.Second
 	subprocess.CollectionInterval = 5 * time.Second
 	subprocess.Timeout = 4 * time.Second
+	subprocess.RetryOnFailure.InitialInterval = 200 * time.Millisecond
+	subprocess.RetryOnFailure.MaxInterval = 800 * time.Millisecond
+	subprocess.RetryOnFailure.RandomizationFactor = 0.1
+	subprocess.RetryOnFailure.MaxElapsedTime = 2 * time.Second
 
 	remote := createDefaultConfig().(*Config)
 	remote.Endpoint = "127.0.0.1:4319"
@@ -113,6 +118,10 @@ func TestDefaultConfig(t *testing.T) {
 	assert.False(t, cfg.TLS.Insecure, "remote mode uses TLS unless told otherwise")
 	assert.Equal(t, 10, cfg.MaxPullsPerScrape)
 	assert.Equal(t, 64, cfg.MaxRecvMsgSizeMiB)
+	retry := cfg.RetryOnFailure
+	assert.True(t, retry.Enabled)
+	assert.Equal(t, []any{100 * time.Millisecond, time.Second, 2.0, 0.2, time.Duration(0)},
+		[]any{retry.InitialInterval, retry.MaxInterval, retry.Multiplier, retry.RandomizationFactor, retry.MaxElapsedTime})
 	assert.Empty(t, cfg.Command)
 	assert.Empty(t, cfg.Endpoint)
 }
@@ -163,6 +172,15 @@ func TestValidate(t *testing.T) {
 		{name: "token and token_file", modify: func(c *Config) { c.Command = "g"; c.Token = "a"; c.TokenFile = "/t" }, wantErr: "'token' and 'token_file' cannot both be set"},
 		{name: "bad consumer", modify: func(c *Config) { c.Command = "g"; c.Consumer = "a b" }, wantErr: `'consumer' "a b" must be at most 128 bytes of [A-Za-z0-9._:/-]`},
 		{name: "zero pulls", modify: func(c *Config) { c.Command = "g"; c.MaxPullsPerScrape = 0 }, wantErr: "'max_pulls_per_scrape' must be between 1 and 1000, got 0"},
+		{name: "retries off", modify: func(c *Config) {
+			c.Command = "g"
+			c.RetryOnFailure = configretry.BackOffConfig{Enabled: false}
+		}},
+		{name: "retry jitter above 1", modify: func(c *Config) { c.Command = "g"; c.RetryOnFailure.RandomizationFactor = 1.5 }, wantErr: "'retry_on_failure': randomization_factor value must be less than or equal to 1"},
+		{name: "retry max_elapsed_time below initial", modify: func(c *Config) { c.Command = "g"; c.RetryOnFailure.MaxElapsedTime = 50 * time.Millisecond }, wantErr: "'retry_on_failure': 'max_elapsed_time' must not be less than 'initial_interval'"},
+		{name: "retry zero initial_interval", modify: func(c *Config) { c.Command = "g"; c.RetryOnFailure.InitialInterval = 0 }, wantErr: "'retry_on_failure::initial_interval' must be greater than 0 when retries are enabled, got 0s"},
+		{name: "retry multiplier below 1", modify: func(c *Config) { c.Command = "g"; c.RetryOnFailure.Multiplier = 0.5 }, wantErr: "'retry_on_failure::multiplier' must be at least 1, got 0.5"},
+		{name: "retry max_interval below initial", modify: func(c *Config) { c.Command = "g"; c.RetryOnFailure.MaxInterval = 10 * time.Millisecond }, wantErr: "'retry_on_failure::max_interval' (10ms) must not be less than 'retry_on_failure::initial_interval' (100ms)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -37,7 +37,8 @@ func NewFactory() receiver.Factory {
 // createDefaultConfig returns the defaults: no mode chosen (set `command` or `endpoint`), a 10 s
 // collection interval with an explicit 10 s scrape timeout, a 30 s plugin start timeout, TLS on
 // in remote mode over TCP (a unix socket endpoint is always plaintext), at most 10 pulls per
-// scrape and a 64 MiB receive limit.
+// scrape, a 64 MiB receive limit, and a Pull answered UNAVAILABLE retried within the scrape
+// (100 ms doubling to 1 s, ±20 %).
 func createDefaultConfig() component.Config {
 	controller := scraperhelper.NewDefaultControllerConfig()
 	controller.CollectionInterval = defaultCollectionInterval
@@ -48,6 +49,7 @@ func createDefaultConfig() component.Config {
 		ClientSettings:    sidecarconn.ClientSettings{TLS: configtls.NewDefaultClientConfig()},
 		MaxPullsPerScrape: defaultMaxPullsPerScrape,
 		MaxRecvMsgSizeMiB: defaultMaxRecvMsgSizeMiB,
+		RetryOnFailure:    defaultRetryConfig(),
 	}
 }
 

@@ -7,9 +7,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/component/componenttest"
 	"go.opentelemetry.io/collector/confmap/confmaptest"
 	"go.opentelemetry.io/collector/consumer/consumertest"
+	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/receiver/receivertest"
 	"go.opentelemetry.io/collector/scraper/scraperhelper"
 
@@ -32,10 +34,22 @@ func TestFactory(t *testing.T) {
 	require.ErrorIs(t, err, errConfigType)
 }
 
-// TestComponentLifecycle follows mdatagen's generated lifecycle test, with `tests.config` from
-// metadata.yaml: Shutdown without Start, then two fresh instances started and stopped.
+// TestComponentLifecycle is mdatagen's generated lifecycle test (generated_component_test.go),
+// with `tests.config` from metadata.yaml, for each signal: Shutdown without Start, then two fresh
+// instances started and stopped.
 func TestComponentLifecycle(t *testing.T) {
 	f := NewFactory()
+	tests := []struct {
+		name     string
+		createFn func(ctx context.Context, set receiver.Settings, cfg component.Config) (component.Component, error)
+	}{
+		{name: "logs", createFn: func(ctx context.Context, set receiver.Settings, cfg component.Config) (component.Component, error) {
+			return f.CreateLogs(ctx, set, cfg, consumertest.NewNop())
+		}},
+		{name: "metrics", createFn: func(ctx context.Context, set receiver.Settings, cfg component.Config) (component.Component, error) {
+			return f.CreateMetrics(ctx, set, cfg, consumertest.NewNop())
+		}},
+	}
 	cm, err := confmaptest.LoadConf("metadata.yaml")
 	require.NoError(t, err)
 	sub, err := cm.Sub("tests::config")
@@ -43,20 +57,21 @@ func TestComponentLifecycle(t *testing.T) {
 	cfg := f.CreateDefaultConfig()
 	require.NoError(t, sub.Unmarshal(&cfg))
 	require.NoError(t, cfg.(*Config).Validate())
-
-	t.Run("shutdown without start", func(t *testing.T) {
-		rcv, err := f.CreateMetrics(context.Background(), receivertest.NewNopSettings(metadata.Type), cfg, consumertest.NewNop())
-		require.NoError(t, err)
-		require.NoError(t, rcv.Shutdown(context.Background()))
-	})
-	t.Run("start and shutdown twice", func(t *testing.T) {
-		for range 2 {
-			rcv, err := f.CreateMetrics(context.Background(), receivertest.NewNopSettings(metadata.Type), cfg, consumertest.NewNop())
+	for _, tt := range tests {
+		t.Run(tt.name+"-shutdown", func(t *testing.T) {
+			c, err := tt.createFn(context.Background(), receivertest.NewNopSettings(metadata.Type), cfg)
 			require.NoError(t, err)
-			require.NoError(t, rcv.Start(context.Background(), componenttest.NewNopHost()))
-			require.NoError(t, rcv.Shutdown(context.Background()))
-		}
-	})
+			require.NoError(t, c.Shutdown(context.Background()))
+		})
+		t.Run(tt.name+"-lifecycle", func(t *testing.T) {
+			for range 2 {
+				c, err := tt.createFn(context.Background(), receivertest.NewNopSettings(metadata.Type), cfg)
+				require.NoError(t, err)
+				require.NoError(t, c.Start(context.Background(), componenttest.NewNopHost()))
+				require.NoError(t, c.Shutdown(context.Background()))
+			}
+		})
+	}
 }
 
 func TestSubprocessLifecycleShutdownWithoutStart(t *testing.T) {

@@ -82,10 +82,11 @@ func remoteConfig(endpoint string) *Config {
 	return cfg
 }
 
-// serve starts a gRPC server for fake on lis, stopped at the end of the test.
+// serve starts a gRPC server for fake on lis, stopped at the end of the test; an answer gRPC
+// could not send is taken back, as the sidecar does (fakesidecar.TrackDeliveries).
 func serve(t *testing.T, lis net.Listener, fake *fakesidecar.Server, opts ...grpc.ServerOption) {
 	t.Helper()
-	srv := grpc.NewServer(opts...)
+	srv := grpc.NewServer(append([]grpc.ServerOption{fakesidecar.TrackDeliveries()}, opts...)...)
 	gpumetricsv1.RegisterMetricsPullServiceServer(srv, fake)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(lis) }()

@@ -34,7 +34,7 @@ func serveBoth(t *testing.T, fake *fakesidecar.Server, logs *fakesidecar.LogsSer
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(fakesidecar.TrackDeliveries())
 	gpumetricsv1.RegisterMetricsPullServiceServer(srv, fake)
 	if logs != nil {
 		gpumetricsv1.RegisterLogsPullServiceServer(srv, logs)

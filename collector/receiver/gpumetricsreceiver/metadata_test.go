@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/confmap/confmaptest"
 
+	"github.com/gpumetrics/gpumetrics/collector/internal/mdatadoc"
 	"github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/metadata"
 )
 
@@ -36,3 +37,7 @@ func TestMetadataMatchesYAML(t *testing.T) {
 		assert.Equal(t, spec["description"], m.Description, name)
 	}
 }
+
+// TestDocumentation: documentation.md is what mdatagen would generate from metadata.yaml
+// (collector/internal/mdatadoc renders it in mdatagen's layout).
+func TestDocumentation(t *testing.T) { mdatadoc.Check(t) }

@@ -3,9 +3,10 @@ package gpumetricsreceiver
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
+	"github.com/cenkalti/backoff/v7"
+	"go.opentelemetry.io/collector/config/configretry"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -17,48 +18,57 @@ import (
 // A sidecar that has just started or restarted accepts connections before its first collection
 // is stored and answers Pull with UNAVAILABLE ("no collection has been stored yet; retry later",
 // docs/protocol.md); a connection broken by a restart is UNAVAILABLE as well. Such a Pull is
-// retried within the scrape, with the backoff below, so a short start or restart costs no
-// failed scrape. The shape follows the OTLP exporters' retry (one deadline for all attempts,
-// jittered exponential backoff, a wait that shutdown interrupts; docs/collector.md).
+// retried within the scrape, so a short start or restart costs no failed scrape. The backoff is
+// the Collector's: `retry_on_failure` is a configretry.BackOffConfig, tuned like the exporters'
+// (exporterhelper), and the waits come from the same library (cenkalti/backoff's exponential
+// backoff); all retries of a scrape share one end, within its deadline, and a receiver shutdown
+// interrupts a wait (docs/collector.md).
+
+// Defaults of `retry_on_failure`: a sidecar that starts or restarts is usually serving within a
+// second or two, well inside the default 10 s scrape `timeout`.
 const (
-	// retryInitialDelay is the wait before the first retry of a Pull; each further wait
-	// doubles, up to retryMaxDelay.
-	retryInitialDelay = 100 * time.Millisecond
-	retryMaxDelay     = time.Second
-	// retryJitter spreads each wait uniformly over ±20 % of its nominal value.
-	retryJitter = 0.2
-	// Retries stop once retryBudgetNum/retryBudgetDen of the time from the scrape's start to its
-	// deadline is spent. The rest is kept for the last Pull and for the hand-off to the
-	// pipeline, which runs under the same deadline (scraperhelper's `timeout`).
+	defaultRetryInitialInterval     = 100 * time.Millisecond
+	defaultRetryMaxInterval         = time.Second
+	defaultRetryMultiplier          = 2
+	defaultRetryRandomizationFactor = 0.2
+)
+
+// Retries stop once retryBudgetNum/retryBudgetDen of the time from the scrape's start to its
+// deadline is spent (or at `max_elapsed_time`, when earlier). The rest is kept for the last Pull
+// and for the hand-off to the pipeline, which runs under the same deadline (scraperhelper's
+// `timeout`).
+const (
 	retryBudgetNum = 4
 	retryBudgetDen = 5
 )
 
-// pullRetry is how a scrape retries a Pull the sidecar answered with UNAVAILABLE. Its functions
-// are fields so that tests run the backoff on an explicit clock instead of sleeping.
+// defaultRetryConfig returns the receiver's `retry_on_failure` defaults: enabled, 100 ms doubling
+// to 1 s, ±20 % jitter, no `max_elapsed_time` of its own (the scrape deadline bounds it).
+func defaultRetryConfig() configretry.BackOffConfig {
+	return configretry.BackOffConfig{
+		Enabled:             true,
+		InitialInterval:     defaultRetryInitialInterval,
+		MaxInterval:         defaultRetryMaxInterval,
+		Multiplier:          defaultRetryMultiplier,
+		RandomizationFactor: defaultRetryRandomizationFactor,
+	}
+}
+
+// pullRetry is how a scrape retries a Pull the sidecar answered with UNAVAILABLE: the
+// configured backoff, and the clock it runs on. now and wait are fields so that tests run the
+// backoff on an explicit clock instead of sleeping.
 type pullRetry struct {
-	// initialDelay is the nominal wait before a Pull's first retry; each further wait doubles,
-	// up to maxDelay.
-	initialDelay, maxDelay time.Duration
+	cfg configretry.BackOffConfig
 	// now reads the clock the retry budget is measured on.
 	now func() time.Time
 	// wait blocks for d or until ctx ends, whichever is first, and returns ctx's error in the
 	// second case.
 	wait func(ctx context.Context, d time.Duration) error
-	// jitter returns the wait actually used for a nominal wait d.
-	jitter func(d time.Duration) time.Duration
 }
 
-// defaultPullRetry returns the production policy: 100 ms doubling to 1 s, ±20 % jitter, the
-// wall clock and a timer.
-func defaultPullRetry() pullRetry {
-	return pullRetry{
-		initialDelay: retryInitialDelay,
-		maxDelay:     retryMaxDelay,
-		now:          time.Now,
-		wait:         sleepContext,
-		jitter:       jitterDelay,
-	}
+// newPullRetry returns the policy of cfg on the wall clock, with a timer.
+func newPullRetry(cfg configretry.BackOffConfig) pullRetry {
+	return pullRetry{cfg: cfg, now: time.Now, wait: sleepContext}
 }
 
 // sleepContext waits for d, or returns ctx.Err() as soon as ctx ends (receiver shutdown or the
@@ -74,13 +84,6 @@ func sleepContext(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// jitterDelay returns d scaled by a uniform factor in [1-retryJitter, 1+retryJitter), so that
-// receivers that lost the same sidecar do not retry in lock step.
-func jitterDelay(d time.Duration) time.Duration {
-	f := 1 + retryJitter*(2*rand.Float64()-1) //nolint:gosec // jitter needs no cryptographic randomness
-	return time.Duration(float64(d) * f)
-}
-
 // retryBudget is one scrape's account of its retries: they share a single end time, and are
 // counted for the logs and the error message.
 type retryBudget struct {
@@ -90,24 +93,50 @@ type retryBudget struct {
 
 // newBudget starts the retry budget of a scrape whose context is ctx: retries end at 4/5 of
 // the way to ctx's deadline or, when ctx has none (the controller always sets one, since
-// `timeout` must be > 0), to timeout from now.
+// `timeout` must be > 0), to timeout from now; and at `max_elapsed_time` when that is earlier.
 func (r *pullRetry) newBudget(ctx context.Context, timeout time.Duration) *retryBudget {
 	start := r.now()
 	end, ok := ctx.Deadline()
 	if !ok {
 		end = start.Add(timeout)
 	}
-	return &retryBudget{start: start, stopAt: start.Add(end.Sub(start) * retryBudgetNum / retryBudgetDen)}
+	stopAt := start.Add(end.Sub(start) * retryBudgetNum / retryBudgetDen)
+	if r.cfg.MaxElapsedTime > 0 {
+		stopAt = minTime(stopAt, start.Add(r.cfg.MaxElapsedTime))
+	}
+	return &retryBudget{start: start, stopAt: stopAt}
 }
 
-// next returns the wait before the retry that follows a nominal delay, cut to what is left of
-// the budget; ok is false when nothing is left.
-func (r *pullRetry) next(b *retryBudget, delay time.Duration) (time.Duration, bool) {
+// backoff returns the waits of one Pull's retries: `initial_interval`, times `multiplier` after
+// each, up to `max_interval`, each spread by ±`randomization_factor` (exporterhelper's use of the
+// same library).
+func (r *pullRetry) backoff() *backoff.ExponentialBackOff {
+	return &backoff.ExponentialBackOff{
+		InitialInterval:     r.cfg.InitialInterval,
+		RandomizationFactor: r.cfg.RandomizationFactor,
+		Multiplier:          r.cfg.Multiplier,
+		MaxInterval:         r.cfg.MaxInterval,
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// next returns the wait before the next retry of a Pull (from its backoff waits), cut to what
+// is left of the budget; ok is false when retrying is disabled or nothing is left.
+func (r *pullRetry) next(b *retryBudget, waits *backoff.ExponentialBackOff) (time.Duration, bool) {
+	if !r.cfg.Enabled {
+		return 0, false
+	}
 	left := b.stopAt.Sub(r.now())
 	if left <= 0 {
 		return 0, false
 	}
-	return min(r.jitter(delay), left), true
+	return min(waits.NextBackOff(), left), true
 }
 
 // wrap adds the retries made (if any) to the error of a Pull that failed for good.
@@ -127,7 +156,7 @@ func (b *retryBudget) wrap(err error, now time.Time) error {
 // next scrape starts a new one. It returns the last Pull's error; the first retry of a scrape is
 // logged at DEBUG, as a sidecar that is starting is expected, not a fault.
 func (s *pullScraper) pullRetrying(ctx, stopped context.Context, conn sidecar.Conn, req *gpumetricsv1.PullRequest, budget *retryBudget, sig signal) (*pullAnswer, error) {
-	delay := s.retry.initialDelay
+	waits := s.retry.backoff()
 	for {
 		resp, err := sig.pull(ctx, conn, req)
 		if err == nil {
@@ -136,7 +165,7 @@ func (s *pullScraper) pullRetrying(ctx, stopped context.Context, conn sidecar.Co
 		if s.dropIfLost(stopped, conn) || status.Code(err) != codes.Unavailable {
 			return nil, err
 		}
-		wait, ok := s.retry.next(budget, delay)
+		wait, ok := s.retry.next(budget, waits)
 		if !ok {
 			return nil, err
 		}
@@ -148,6 +177,5 @@ func (s *pullScraper) pullRetrying(ctx, stopped context.Context, conn sidecar.Co
 		if s.retry.wait(ctx, wait) != nil {
 			return nil, err
 		}
-		delay = min(2*delay, s.retry.maxDelay)
 	}
 }

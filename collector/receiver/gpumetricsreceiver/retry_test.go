@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/collector/component/componenttest"
 	"go.opentelemetry.io/collector/config/configopaque"
+	"go.opentelemetry.io/collector/config/configretry"
 	"go.opentelemetry.io/collector/scraper/scrapererror"
 	"go.opentelemetry.io/collector/scraper/scraperhelper"
 	"go.uber.org/zap/zapcore"
@@ -31,12 +32,13 @@ type fakeClock struct {
 	waits []time.Duration
 }
 
-// useFakeClock runs s's retries on a fake clock that starts at start, without jitter.
+// useFakeClock runs s's retries on a fake clock that starts at start, without jitter
+// (`retry_on_failure::randomization_factor: 0`).
 func useFakeClock(s *pullScraper, start time.Time) *fakeClock {
 	c := &fakeClock{t: start}
 	s.retry.now = c.now
 	s.retry.wait = c.wait
-	s.retry.jitter = func(d time.Duration) time.Duration { return d }
+	s.retry.cfg.RandomizationFactor = 0
 	return c
 }
 
@@ -85,6 +87,8 @@ func TestRemoteRetriesUnavailable(t *testing.T) {
 		newFake func() *fakesidecar.Server
 		// token is the receiver's bearer token.
 		token string
+		// retry changes the receiver's `retry_on_failure` (nil: the defaults).
+		retry func(*configretry.BackOffConfig)
 		// deadline of the scrape's context from its start; 0 = no deadline (cfg.Timeout applies).
 		deadline time.Duration
 		timeout  time.Duration
@@ -174,6 +178,32 @@ func TestRemoteRetriesUnavailable(t *testing.T) {
 			wantPartial:  true,
 		},
 		{
+			name:    "retry_on_failure tuned: 50 ms tripling up to 400 ms, at most 1 s",
+			newFake: func() *fakesidecar.Server { return fakesidecar.New(fakesidecar.Options{}) },
+			retry: func(r *configretry.BackOffConfig) {
+				r.InitialInterval, r.Multiplier, r.MaxInterval, r.MaxElapsedTime = 50*time.Millisecond, 3, 400*time.Millisecond, time.Second
+			},
+			deadline:     10 * time.Second,
+			wantWaits:    ms(50, 150, 400, 400),
+			wantRequests: 5,
+			wantCode:     codes.Unavailable,
+			wantErr:      "(retries: 4 in 1s)",
+		},
+		{
+			name: "retry_on_failure disabled: the first UNAVAILABLE fails the scrape",
+			newFake: func() *fakesidecar.Server {
+				fake := fakesidecar.New(fakesidecar.Options{})
+				appendBatches(fake, 1, 1)
+				fake.FailRequest(1, notStoredYet)
+				return fake
+			},
+			retry:        func(r *configretry.BackOffConfig) { r.Enabled = false },
+			deadline:     10 * time.Second,
+			wantRequests: 1,
+			wantCode:     codes.Unavailable,
+			wantErr:      "pull from the gpumetrics sidecar: rpc error: code = Unavailable",
+		},
+		{
 			name: "internal: not retried",
 			newFake: func() *fakesidecar.Server {
 				fake := fakesidecar.New(fakesidecar.Options{})
@@ -219,6 +249,9 @@ func TestRemoteRetriesUnavailable(t *testing.T) {
 			cfg.Token = configopaque.String(tt.token)
 			if tt.timeout > 0 {
 				cfg.Timeout = tt.timeout
+			}
+			if tt.retry != nil {
+				tt.retry(&cfg.RetryOnFailure)
 			}
 			s := newScraper(t, env, cfg)
 			start := time.Now()
@@ -320,7 +353,7 @@ func TestRemoteShutdownDuringBackoff(t *testing.T) {
 	require.NoError(t, rcv.Start(context.Background(), componenttest.NewNopHost()))
 	select {
 	case d := <-waiting:
-		assert.InDelta(t, float64(retryInitialDelay), float64(d), float64(retryInitialDelay)*retryJitter)
+		assert.InDelta(t, float64(defaultRetryInitialInterval), float64(d), float64(defaultRetryInitialInterval)*defaultRetryRandomizationFactor+1)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the scrape did not start a backoff wait within 30 s")
 	}
@@ -341,17 +374,25 @@ func TestRemoteShutdownDuringBackoff(t *testing.T) {
 	assert.Contains(t, failed.All()[0].ContextMap()["error"], "code = Unavailable")
 }
 
-func TestJitterDelayBounds(t *testing.T) {
-	for _, d := range []time.Duration{retryInitialDelay, 400 * time.Millisecond, retryMaxDelay} {
-		seen := map[time.Duration]bool{}
-		for range 1000 {
-			j := jitterDelay(d)
-			require.GreaterOrEqual(t, j, time.Duration(float64(d)*(1-retryJitter)), "jitter of %s", d)
-			require.Less(t, j, time.Duration(float64(d)*(1+retryJitter)), "jitter of %s", d)
-			seen[j] = true
+// TestDefaultRetryWaitsAreJittered: the default `retry_on_failure` spreads each wait over ±20 %
+// of 100 ms, 200 ms, ... 1 s (cenkalti/backoff's randomization), so receivers that lost the same
+// sidecar do not retry in lock step.
+func TestDefaultRetryWaitsAreJittered(t *testing.T) {
+	r := newPullRetry(defaultRetryConfig())
+	nominal := ms(100, 200, 400, 800, 1000, 1000)
+	seen := map[time.Duration]bool{}
+	for range 200 {
+		waits := r.backoff()
+		for _, d := range nominal {
+			got := waits.NextBackOff()
+			require.GreaterOrEqual(t, got, time.Duration(float64(d)*0.8), "a wait of %s", d)
+			require.LessOrEqual(t, got, time.Duration(float64(d)*1.2)+1, "a wait of %s", d)
+			if d == nominal[0] {
+				seen[got] = true
+			}
 		}
-		assert.Greater(t, len(seen), 1, "the waits of %s vary", d)
 	}
+	assert.Greater(t, len(seen), 1, "the waits vary")
 }
 
 func TestSleepContext(t *testing.T) {

@@ -43,7 +43,8 @@ type pullScraper struct {
 
 	// connect makes a new connection: a go-plugin subprocess or a gRPC client.
 	connect func(ctx context.Context) (sidecar.Conn, error)
-	// retry is how a Pull answered with UNAVAILABLE is retried within a scrape (retry.go).
+	// retry is how a Pull answered with UNAVAILABLE is retried within a scrape (retry.go,
+	// `retry_on_failure`).
 	retry pullRetry
 
 	// stopped is cancelled when the receiver shuts down, ending an in-flight scrape at once
@@ -66,7 +67,7 @@ func newPullScraper(set receiver.Settings, cfg *Config) (*pullScraper, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &pullScraper{cfg: cfg, logger: set.Logger, telemetry: tb, consumer: cfg.Consumer, retry: defaultPullRetry()}
+	s := &pullScraper{cfg: cfg, logger: set.Logger, telemetry: tb, consumer: cfg.Consumer, retry: newPullRetry(cfg.RetryOnFailure)}
 	s.stopped, s.stopScrape = context.WithCancel(context.Background())
 	if s.consumer == "" {
 		s.consumer = set.ID.String()

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gpumetrics/gpumetrics/collector/internal/conformance"
 	"github.com/gpumetrics/gpumetrics/collector/receiver/gpumetricsreceiver/internal/sidecar"
 )
 
@@ -194,24 +195,9 @@ func TestSubprocessStartFailures(t *testing.T) {
 	}
 }
 
-// realSidecar returns the gpumetrics console script: $SIDECAR_COMMAND (collector/scripts/test.sh
-// always sets it; the test fails when it is set but missing), else the repository's .venv; the
-// test is skipped only when neither exists (`go test` run by hand before the Python package is
-// installed).
-func realSidecar(t *testing.T) string {
-	t.Helper()
-	if path := os.Getenv("SIDECAR_COMMAND"); path != "" {
-		_, err := os.Stat(path)
-		require.NoError(t, err, "SIDECAR_COMMAND")
-		return path
-	}
-	path, err := filepath.Abs(filepath.Join("..", "..", "..", ".venv", "bin", "gpumetrics"))
-	require.NoError(t, err)
-	if _, err := os.Stat(path); err != nil {
-		t.Skipf("the gpumetrics sidecar is not installed (%v): set SIDECAR_COMMAND or run ./scripts/test.sh", err)
-	}
-	return path
-}
+// realSidecar returns the gpumetrics console script (conformance.SidecarCommand: $SIDECAR_COMMAND,
+// else the repository's .venv; skipped only when neither exists).
+func realSidecar(t *testing.T) string { return conformance.SidecarCommand(t) }
 
 // TestRealSidecarConfigErrorsReachTheStartError starts the Python sidecar through the real
 // go-plugin host with a configuration it refuses: it must exit with status 2 before any

@@ -269,6 +269,21 @@ class SidecarConfig(BaseModel):
     plugin: PluginSettings = Field(default_factory=lambda: PluginSettings())
     log: LogSettings = Field(default_factory=lambda: LogSettings())
 
+    def log_store_limits(self) -> StoreLimits:
+        """Return the log store's limits: ``events.max_*`` with the ``store`` consumer limits.
+
+        The log store of GPU events keeps its own size and age bounds; its consumers (one
+        cursor per consumer name in each store) are bounded like the metric store's.
+        """
+        ev = self.events
+        return StoreLimits(
+            max_bytes=ev.max_bytes,
+            max_data_points=ev.max_log_records,
+            max_age_s=ev.max_age_s,
+            consumer_ttl_s=self.store.consumer_ttl_s,
+            max_consumers=self.store.max_consumers,
+        )
+
     @property
     def max_batch_bytes(self) -> int:
         """Largest batch the store keeps (By): what a default Pull answer and a push export hold.

@@ -228,7 +228,8 @@ class DeclaredStore:
             pid: host pid, 1..``pid_max``.
             start_time_ticks: ``/proc/<pid>/stat`` field 22; 0 = unknown (matched on pid alone).
             process_context: serialized OTEP 4719 ``ProcessContext`` (b"" = none), ≤ the limit.
-            environment: ``(name, raw value)`` pairs; names ``OTEL_*``, unique.
+            environment: ``(name, raw value)`` pairs; names non-empty, without ``=`` or NUL,
+                unique (any captured variable, not only ``OTEL_*``).
             profiler_resource: serialized ``opentelemetry.proto.resource.v1.Resource`` (b"" = none).
             declarer: id of the declaring connection (for resynchronisation).
 

@@ -13,7 +13,6 @@ both send what this module produces.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -22,7 +21,6 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from gpumetrics.metrics.buffer import Point
 from gpumetrics.metrics.spec import MetricSpec, ValueType
-from gpumetrics.wire import varint
 
 AttrValue = Any
 """``str | bool | int | float | bytes | list[AttrValue] | dict[str, AttrValue]``."""
@@ -107,19 +105,6 @@ AttributeCache = dict[Any, bytes]
 """Serialized ``NumberDataPoint.attributes`` entries per attribute tuple, shared by the
 ``encode_metric`` calls of one ``produce`` (points of a device or process repeat the same tuple)."""
 
-_PACK_U64 = struct.Struct("<Q").pack
-_PACK_I64 = struct.Struct("<q").pack
-_PACK_F64 = struct.Struct("<d").pack
-# Wire tags (field number << 3 | wire type) of opentelemetry/proto/metrics/v1/metrics.proto.
-_TAG_DP_START, _TAG_DP_TIME = b"\x11", b"\x19"  # NumberDataPoint fields 2, 3: fixed64
-_TAG_DP_DOUBLE, _TAG_DP_INT = b"\x21", b"\x31"  # fields 4 (double), 6 (sfixed64)
-_TAG_DATA_POINT = b"\x0a"  # Gauge/Sum field 1: repeated NumberDataPoint
-_SUM_TRAILER = {  # Sum fields 2 (temporality, varint) and 3 (is_monotonic, varint)
-    True: b"\x10" + bytes([_CUMULATIVE]) + b"\x18\x01",
-    False: b"\x10" + bytes([_CUMULATIVE]),
-}
-_TAG_GAUGE, _TAG_SUM = b"\x2a", b"\x3a"  # Metric fields 5, 7
-
 
 def _attributes_blob(attributes: Any, cache: AttributeCache | None) -> bytes:
     """Return the serialized attribute entries (``NumberDataPoint`` field 7), cached by tuple."""
@@ -146,57 +131,42 @@ def encode_metric(
 ) -> int:
     """Fill ``target`` (an empty ``Metric``) with ``spec`` and ``points``; return the point count.
 
-    Data points are written as protobuf wire bytes (``NumberDataPoint``: attributes, fixed64
-    times, ``as_double`` or sfixed64 ``as_int``) and merged in once, so a point costs a few
-    ``struct`` packs instead of one Python call per field; each distinct attribute tuple is
-    encoded once per ``cache``. The result is the same message the field-by-field encoding gives
-    (``tests/unit/test_encode.py`` checks both against each other).
+    Each distinct attribute tuple is encoded once per ``cache`` (its serialized ``KeyValue``
+    entries, merged into every point that has it); the other fields are set through the
+    protobuf API. Writing whole data points as wire bytes by hand was measured against this, with
+    the same cache: no gain (``benchmarks/encode_bench.py``, docs/performance.md).
 
     Raises:
         EncodingError: naming the metric, when a point cannot be encoded.
 
     """
-    pack_value, tag_value = (
-        (_PACK_I64, _TAG_DP_INT)
-        if spec.value_type is ValueType.INT
-        else (
-            _PACK_F64,
-            _TAG_DP_DOUBLE,
-        )
-    )
-    as_int = spec.value_type is ValueType.INT
-    entries = []
-    for p in points:
-        try:
-            attrs = _attributes_blob(p.attributes, cache)
-            value = pack_value(int(p.value) if as_int else float(p.value))
-        except (EncodingError, ValueError, TypeError, struct.error) as exc:
-            raise EncodingError(f"metric {spec.name!r}: {exc}") from None
-        if p.start_time_unix_nano:
-            dp = b"".join(
-                (
-                    attrs,
-                    _TAG_DP_START,
-                    _PACK_U64(p.start_time_unix_nano),
-                    _TAG_DP_TIME,
-                    _PACK_U64(p.time_unix_nano),
-                    tag_value,
-                    value,
-                )
-            )
-        else:
-            dp = b"".join((attrs, _TAG_DP_TIME, _PACK_U64(p.time_unix_nano), tag_value, value))
-        entries.append(_TAG_DATA_POINT + varint(len(dp)) + dp)
-    if spec.instrument.is_sum:
-        entries.append(_SUM_TRAILER[spec.instrument.is_monotonic])
-        tag = _TAG_SUM
-    else:
-        tag = _TAG_GAUGE
-    data = b"".join(entries)
     target.name = spec.name
     target.description = spec.description
     target.unit = spec.unit
-    target.MergeFromString(tag + varint(len(data)) + data)
+    if spec.instrument.is_sum:
+        data = target.sum
+        data.aggregation_temporality = _CUMULATIVE
+        data.is_monotonic = spec.instrument.is_monotonic
+    else:
+        data = target.gauge
+    data.SetInParent()
+    as_int = spec.value_type is ValueType.INT
+    add = data.data_points.add
+    for p in points:
+        try:
+            attrs = _attributes_blob(p.attributes, cache)
+            dp = add()
+            if attrs:
+                dp.MergeFromString(attrs)
+            if p.start_time_unix_nano:
+                dp.start_time_unix_nano = p.start_time_unix_nano
+            dp.time_unix_nano = p.time_unix_nano
+            if as_int:
+                dp.as_int = int(p.value)
+            else:
+                dp.as_double = float(p.value)
+        except (EncodingError, ValueError, TypeError) as exc:
+            raise EncodingError(f"metric {spec.name!r}: {exc}") from None
     return len(points)
 
 

@@ -56,7 +56,7 @@ from gpumetrics.selftelemetry import SelfTelemetry, Telemetry, WithAttributes
 from gpumetrics.service import ListenError, ServerSettings, SidecarHealth, SidecarServer
 from gpumetrics.service.errors import SettingError
 from gpumetrics.service.push import LOGS, METRICS, PushExporter, Signal
-from gpumetrics.store import BatchStore, StoreLimits
+from gpumetrics.store import BatchStore
 
 __all__ = ["CollectorLike", "Sidecar", "SidecarParts", "default_collector_factory"]
 
@@ -446,18 +446,12 @@ def _events(
     The log store has its own size limits (``events.max_*``) and the metric store's consumer
     limits; its self-telemetry carries ``signal=logs``.
     """
-    ev = config.events
-    if not ev.enabled:
+    if not config.events.enabled:
         return None, None
-    limits = StoreLimits(
-        max_bytes=ev.max_bytes,
-        max_data_points=ev.max_log_records,
-        max_age_s=ev.max_age_s,
-        consumer_ttl_s=config.store.consumer_ttl_s,
-        max_consumers=config.store.max_consumers,
+    logs_store = BatchStore(
+        config.log_store_limits(), telemetry=WithAttributes(telemetry, {"signal": "logs"})
     )
-    logs_store = BatchStore(limits, telemetry=WithAttributes(telemetry, {"signal": "logs"}))
-    return EventProducer(ev, host_attributes, telemetry), logs_store
+    return EventProducer(config.events, host_attributes, telemetry), logs_store
 
 
 def _flush_events(events: EventProducer, store: BatchStore, final: bool) -> None:

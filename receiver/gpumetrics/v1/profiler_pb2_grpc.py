@@ -60,7 +60,10 @@ class ProfilerIntegrationServiceServicer:
         """DeclareProcesses declares (or re-declares) a batch of processes.
 
         Errors: UNAUTHENTICATED (missing or wrong declare token), PERMISSION_DENIED (a pull-only
-        token), RESOURCE_EXHAUSTED (more entries or bytes than the configured limits).
+        token), INVALID_ARGUMENT (a malformed gpumetrics-declarer metadata value),
+        RESOURCE_EXHAUSTED (more entries than server.max_declarations_per_request, or a request
+        larger than the server's receive limit: nothing is applied). An entry over a per-field limit
+        is rejected on its own (DeclareProcessesResponse.rejected).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

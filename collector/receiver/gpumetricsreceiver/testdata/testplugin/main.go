@@ -17,6 +17,7 @@ import (
 	"strconv"
 
 	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -61,6 +62,8 @@ func main() {
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: sidecar.Handshake,
 		Plugins:         plugin.PluginSet{sidecar.PluginName: &sidecar.PullPlugin{Impl: fake, Logs: logs}},
-		GRPCServer:      plugin.DefaultGRPCServer,
+		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
+			return plugin.DefaultGRPCServer(append(opts, fakesidecar.TrackDeliveries()))
+		},
 	})
 }
