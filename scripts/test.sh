@@ -24,10 +24,13 @@ cd "$(dirname "$0")/.."
 # First run (no virtual environment or no cached Collector yet): say what is downloaded and how long.
 if [ ! -x "${VENV:-.venv}/bin/python" ] || ! compgen -G "${XDG_CACHE_HOME:-$HOME/.cache}/gpumetrics/otelcol-*" >/dev/null; then
   cat >&2 <<'NOTICE'
-== first run: downloads about 300 MB of Python packages into .venv (PyPI) and buf (npm), Go
-   modules for the receiver's tests (Go module proxy) and, for the end-to-end stage, the
-   Collector Builder and grpcurl, then builds otelcol-gpumetrics: about 3 GB in ~/go and ~/.cache,
-   4-5 minutes on 2 cores. Later runs download nothing and reuse the cached Collector binary.
+== first run: downloads about 300 MB of Python packages into .venv (PyPI; a second small venv
+   for the oldest supported nvidia-ml-py) and buf (npm), Go modules for the receiver's tests, the
+   relabel oracle (Prometheus) and the Kubernetes checks (client-go, k8s.io/api, Helm built with
+   go install) from the Go module proxy and, for the end-to-end stage, the Collector Builder and
+   grpcurl, then builds otelcol-gpumetrics: several GB in ~/go and ~/.cache. Measured pieces on
+   2 cores: Helm ~6 min, the Kubernetes modules ~2 min, the Collector build a few; expect 15-20
+   minutes in all. Later runs download nothing and reuse the cached binaries.
    GPUMETRICS_SKIP_E2E=1 skips the Collector build and the end-to-end stage.
 NOTICE
 fi
