@@ -210,3 +210,58 @@ def test_otelcol_validate(path: Path, tmp_path: Path) -> None:
         env=env,
     )
     assert done.returncode == 0, f"{path.name}: {done.stderr[-3000:]}"
+
+
+USER_CONFIGS = [p for p in CONFIGS if not p.name.startswith("e2e-")]
+
+
+@pytest.mark.parametrize("path", USER_CONFIGS, ids=lambda p: p.name)
+def test_user_configs_acknowledge_only_what_is_persisted(path: Path) -> None:
+    """docs/collector.md "What acknowledged means": no shipped configuration a user runs puts a
+    `batch` processor after the gpumetrics receiver, every exporter with a sending queue keeps
+    it in `file_storage`, and the receiver's GPU events have a logs pipeline."""
+    assert_acknowledged_is_persisted(path.name, load(path))
+
+
+def assert_acknowledged_is_persisted(name: str, config: dict[str, Any]) -> None:
+    """The checks of test_user_configs_acknowledge_only_what_is_persisted on one configuration
+    (also run on the Helm chart's, below)."""
+    pipelines = config["service"]["pipelines"]
+    processors = config.get("processors", {})
+    assert not [p for p in processors if p.split("/")[0] == "batch"], f"{name}: batch processor"
+    signals = {n.split("/")[0] for n, p in pipelines.items() if "gpumetrics" in p["receivers"]}
+    assert {"metrics", "logs"} <= signals, f"{name}: the gpumetrics receiver's pipelines {signals}"
+    for exporter, settings in config["exporters"].items():
+        queue = (settings or {}).get("sending_queue")
+        if exporter.split("/")[0] in ("otlp", "otlp_grpc", "otlphttp", "prometheus"):
+            assert queue, f"{name}: exporters.{exporter} has no persistent sending_queue"
+        if queue:
+            assert queue.get("storage") == "file_storage", f"{name}: exporters.{exporter} queue"
+    assert config["extensions"]["file_storage"]["fsync"] is True, f"{name}: file_storage fsync"
+    assert "file_storage" in config["service"]["extensions"], f"{name}: file_storage not enabled"
+
+
+MANIFESTS = REPO / "deploy" / "manifests"
+
+
+@pytest.mark.parametrize("manifest", sorted(p.name for p in MANIFESTS.glob("*.yaml")))
+def test_the_charts_collector_acknowledges_only_what_is_persisted(manifest: str) -> None:
+    """The node Collector the Helm chart renders (deploy/manifests/) follows the same rule, its
+    queue directory is a volume the Collector container mounts, and the gateway (which the node
+    Collectors push GPU events to as well) has a logs pipeline and no batch processor."""
+    objects = [d for d in yaml.safe_load_all((MANIFESTS / manifest).read_text()) if d]
+    maps = {o["metadata"]["name"]: o["data"] for o in objects if o["kind"] == "ConfigMap"}
+    node = next(yaml.safe_load(d["otelcol.yaml"]) for d in maps.values() if "otelcol.yaml" in d)
+    assert_acknowledged_is_persisted(manifest, node)
+    spec = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    collector = next(c for c in spec["containers"] if c["name"] == "otelcol")
+    mounts = {m["mountPath"]: m["name"] for m in collector["volumeMounts"]}
+    directory = node["extensions"]["file_storage"]["directory"]
+    assert directory in mounts, f"{manifest}: {directory} is not mounted in {collector['name']}"
+    volume = next(v for v in spec["volumes"] if v["name"] == mounts[directory])
+    assert "emptyDir" in volume and "medium" not in volume["emptyDir"], volume  # on disk
+    for name, data in maps.items():
+        if name.endswith("-gateway"):
+            gateway = yaml.safe_load(data["config.yaml"])
+            assert "logs" in gateway["service"]["pipelines"], f"{manifest}: gateway drops events"
+            assert not [p for p in gateway["processors"] if p.startswith("batch")], manifest

@@ -242,7 +242,8 @@ def test_gateway_topology_pushes_otlp_to_the_gateway(otelcol: Path, root: Path, 
     config = yaml.safe_load(config_map["data"]["config.yaml"])
     assert "k8sattributes" in config["service"]["pipelines"]["metrics"]["processors"]
     config["processors"].pop("k8sattributes")
-    config["service"]["pipelines"]["metrics"]["processors"].remove("k8sattributes")
+    for pipeline in config["service"]["pipelines"].values():  # metrics and logs (GPU events)
+        pipeline["processors"].remove("k8sattributes")
     received = root / "gateway.jsonl"
     config["exporters"]["file"] = {"path": str(received), "flush_interval": "100ms"}
     config["service"]["pipelines"]["metrics"]["exporters"].append("file")

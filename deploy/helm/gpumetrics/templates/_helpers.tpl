@@ -143,10 +143,14 @@ capabilities:
 {{- $_ := set $receiver "args" (list "serve" "--plugin" "--config=/etc/gpumetrics/gpumetrics.yaml") -}}
 {{- $_ := set $receiver "start_timeout" "60s" -}}
 {{- end -}}
+{{- /* Acknowledged means persisted (docs/collector.md): no batch processor; each exporter takes
+     what the receiver acknowledges into a sending queue on disk (file_storage), where it is
+     batched too. */ -}}
+{{- $queue := dict "storage" "file_storage" "num_consumers" 1 "sizer" "requests" "queue_size" (int .Values.collector.queue.queueSize) "batch" (dict "flush_timeout" "200ms" "sizer" "items" "min_size" 8192) -}}
 {{- $exporters := dict -}}
 {{- $names := list -}}
 {{- if .Values.prometheus.enabled -}}
-{{- $_ := set $exporters "prometheus" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.prometheus.port)) "metric_expiration" .Values.prometheus.metricExpiration "resource_constant_labels" (dict "included" (list "*"))) -}}
+{{- $_ := set $exporters "prometheus" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.prometheus.port)) "metric_expiration" .Values.prometheus.metricExpiration "resource_constant_labels" (dict "included" (list "*")) "sending_queue" (deepCopy $queue)) -}}
 {{- $names = append $names "prometheus" -}}
 {{- end -}}
 {{- if include "gpumetrics.otlpEnabled" . -}}
@@ -155,7 +159,7 @@ capabilities:
 {{- else if and .Values.gateway.enabled (not .Values.otlp.endpoint) -}}{{- $_ := set $tls "insecure" true -}}
 {{- else if .Values.otlp.caFile -}}{{- $_ := set $tls "ca_file" .Values.otlp.caFile -}}
 {{- end -}}
-{{- $otlp := dict "endpoint" (include "gpumetrics.otlpEndpoint" .) "compression" .Values.otlp.compression -}}
+{{- $otlp := dict "endpoint" (include "gpumetrics.otlpEndpoint" .) "compression" .Values.otlp.compression "sending_queue" (deepCopy $queue) "retry_on_failure" (dict "max_elapsed_time" "0s") -}}
 {{- if $tls -}}{{- $_ := set $otlp "tls" $tls -}}{{- end -}}
 {{- if .Values.otlp.headers -}}{{- $_ := set $otlp "headers" .Values.otlp.headers -}}{{- end -}}
 {{- $_ := set $exporters "otlp_grpc" $otlp -}}
@@ -164,17 +168,32 @@ capabilities:
 {{- range $name, $_ := .Values.collector.config.exporters -}}
 {{- if not (has $name $names) -}}{{- $names = append $names $name -}}{{- end -}}
 {{- end -}}
+{{- /* The GPU events (docs/events.md): in full in the Collector's log, and pushed with the
+     metrics when OTLP is on. */ -}}
+{{- $logNames := list -}}
+{{- if .Values.events.enabled -}}
+{{- if .Values.events.log -}}
+{{- $_ := set $exporters "debug/events" (dict "verbosity" "detailed") -}}
+{{- $logNames = append $logNames "debug/events" -}}
+{{- end -}}
+{{- if include "gpumetrics.otlpEnabled" . -}}{{- $logNames = append $logNames "otlp_grpc" -}}{{- end -}}
+{{- end -}}
+{{- $pipelines := dict "metrics" (dict "receivers" (list "gpumetrics") "processors" (list "memory_limiter") "exporters" $names) -}}
+{{- if $logNames -}}
+{{- $_ := set $pipelines "logs" (dict "receivers" (list "gpumetrics") "processors" (list "memory_limiter") "exporters" $logNames) -}}
+{{- end -}}
 {{- $config := dict
   "receivers" (dict "gpumetrics" $receiver)
   "processors" (dict
-    "memory_limiter" (dict "check_interval" "1s" "limit_mib" (int .Values.collector.memoryLimitMiB) "spike_limit_mib" (int .Values.collector.memorySpikeLimitMiB))
-    "batch" (dict))
+    "memory_limiter" (dict "check_interval" "1s" "limit_mib" (int .Values.collector.memoryLimitMiB) "spike_limit_mib" (int .Values.collector.memorySpikeLimitMiB)))
   "exporters" $exporters
-  "extensions" (dict "health_check" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.collector.healthPort))))
+  "extensions" (dict
+    "health_check" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.collector.healthPort)))
+    "file_storage" (dict "directory" "/var/lib/otelcol-gpumetrics" "create_directory" true "fsync" true))
   "service" (dict
-    "extensions" (list "health_check")
+    "extensions" (list "health_check" "file_storage")
     "telemetry" (dict "metrics" (dict "readers" (list (dict "pull" (dict "exporter" (dict "prometheus" (dict "host" "0.0.0.0" "port" (int .Values.collector.telemetryPort))))))))
-    "pipelines" (dict "metrics" (dict "receivers" (list "gpumetrics") "processors" (list "memory_limiter" "batch") "exporters" $names)))
+    "pipelines" $pipelines)
 -}}
 {{- toYaml (mustMergeOverwrite $config (deepCopy .Values.collector.config)) -}}
 {{- end -}}
