@@ -10,7 +10,9 @@
 //	go run . -endpoint 127.0.0.1:4319 -once $$      # declare this shell, wait for the answer, exit
 //
 // With -once it declares, waits until the sidecar answered every declaration (at most
-// -timeout) and exits 0, or 1 when something was rejected or not answered. Otherwise it runs
+// -timeout) and exits 0, or 1 when a given pid could not be read, or something was rejected or
+// not answered. The declarer name is the agent's identity: a run with the same -name replaces
+// what an earlier run declared (its resync releases what this run does not declare). Otherwise it runs
 // until every given process exited, or until SIGINT/SIGTERM. docs/protocol.md describes the
 // protocol and the client.
 package main
@@ -22,6 +24,7 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -79,6 +82,9 @@ func parseFlags() (options, error) {
 		flag.Usage()
 		return o, errors.New("no pid given")
 	}
+	if err := checkEndpoint(o.endpoint); err != nil {
+		return o, err
+	}
 	for _, v := range strings.Split(envVars, ",") {
 		if v = strings.TrimSpace(v); v != "" {
 			o.envVars = append(o.envVars, v)
@@ -108,6 +114,7 @@ func run() error {
 	defer stop()
 
 	live := map[uint32]uint64{} // pid -> start time declared
+	unread := 0                 // given pids the first scan could not declare
 	scan := func() {
 		for _, pid := range o.pids {
 			start, err := declarer.StartTimeTicks(o.procRoot, pid)
@@ -116,16 +123,21 @@ func run() error {
 					client.Exit(pid, held)
 					delete(live, pid)
 					fmt.Printf("pid %d exited\n", pid)
+				} else {
+					fmt.Fprintf(os.Stderr, "declarer: pid %d: no such process in %s\n", pid, o.procRoot)
+					unread++
 				}
 				continue
 			}
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "declarer: pid %d: %v\n", pid, err)
+				unread++
 				continue
 			}
 			p := describe(o.procRoot, pid, start, o.envVars)
 			if _, err := client.Declare(p); err != nil {
 				fmt.Fprintf(os.Stderr, "declarer: pid %d: %v\n", pid, err)
+				unread++
 				continue
 			}
 			live[pid] = start
@@ -133,8 +145,15 @@ func run() error {
 	}
 	scan()
 	if o.once {
-		return waitAnswered(ctx, client, o.timeout, len(live))
+		if err := waitAnswered(ctx, client, o.timeout, len(live)); err != nil {
+			return err
+		}
+		if unread > 0 {
+			return fmt.Errorf("%d of %d pids could not be declared", unread, len(o.pids))
+		}
+		return nil
 	}
+	unread = 0 // later scans: a pid that is gone has exited
 	t := time.NewTicker(o.interval)
 	defer t.Stop()
 	for len(live) > 0 {
@@ -169,14 +188,27 @@ func describe(procRoot string, pid uint32, start uint64, envVars []string) decla
 			for _, want := range envVars {
 				if string(name) == want {
 					res.PutStr("process.environment_variable."+want, string(value))
-					if strings.HasPrefix(want, "OTEL_") {
-						env = append(env, declarer.EnvVar{Name: want, Value: value})
-					}
+					env = append(env, declarer.EnvVar{Name: want, Value: value})
 				}
 			}
 		}
 	}
 	return declarer.Process{PID: pid, StartTimeTicks: start, Resource: res, Environment: env}
+}
+
+// checkEndpoint refuses what grpc would dial somewhere unexpected: a host without a port (grpc
+// would use 443) or a relative unix socket path.
+func checkEndpoint(endpoint string) error {
+	if path, ok := strings.CutPrefix(endpoint, "unix:"); ok {
+		if !strings.HasPrefix(strings.TrimPrefix(path, "//"), "/") {
+			return fmt.Errorf("-endpoint %q: a unix socket needs an absolute path (unix:///run/gpumetrics/profiler.sock)", endpoint)
+		}
+		return nil
+	}
+	if _, port, err := net.SplitHostPort(endpoint); err != nil || port == "" {
+		return fmt.Errorf("-endpoint %q: want host:port or unix:///absolute/path", endpoint)
+	}
+	return nil
 }
 
 // waitAnswered waits until the sidecar answered n declarations (or a rejection), then closes.
