@@ -30,6 +30,9 @@ class StubCollector:
     def start(self) -> None:
         self.events.append("collector.start")
 
+    def begin_stop(self) -> None:
+        self.events.append("collector.begin_stop")
+
     def stop(self, timeout_s: float = 0.0) -> object:
         self.events.append("collector.stop")
         return True

@@ -121,7 +121,7 @@ def test_shutdown_order_and_final_batch_reach_the_push_collector(make_sidecar):
         sidecar.request_stop("test")
         assert sidecar.wait(0)
         assert sidecar.shutdown(timeout_s=10)
-        assert events == ["collector.start", "collector.stop"]
+        assert events == ["collector.start", "collector.begin_stop", "collector.stop"]
         assert not sidecar.parts.health.ready
         with pytest.raises(grpc.RpcError):
             health_status(sidecar.parts.server.addresses.listen[0])

@@ -329,3 +329,22 @@ def test_profiles_with_events_register_every_gpu(nvml_run, helpers):
     mask = run.col.events
     assert mask is not None
     assert run.calls("nvmlDeviceRegisterEvents") == 8
+
+
+def test_begin_stop_ends_the_listeners_wait_before_stop_is_called(nvml_run, helpers):
+    """A shutdown first calls begin_stop (runtime.sidecar): the listener leaves its bounded
+    nvmlEventSetWait_v2 and frees its set by itself, so a stop given less than one wait
+    timeout still ends in nvmlShutdown (without begin_stop this stop fails: the listener is
+    inside a 10 s wait)."""
+    run = nvml_run(two_gpus(driver={"strict": True}), helpers.settings())
+    attach(run, wait_timeout_s=10.0)  # a wait longer than the stop gets below
+    start(run)
+    listener = run.col.events
+    assert listener is not None
+    assert not listener.idle()  # inside its wait, with a set allocated
+    run.col.begin_stop()
+    assert listener.wait_idle(DEADLINE_S)
+    assert run.col.stop(5.0)
+    assert run.calls("nvmlEventSetFree") == run.calls("nvmlEventSetCreate") >= 1
+    assert run.calls("nvmlShutdown") == 1
+    assert run.drv.violations == []

@@ -36,6 +36,9 @@ class _Idle:
     def start(self) -> None:
         """Nothing to collect."""
 
+    def begin_stop(self) -> None:
+        """Nothing runs."""
+
     def stop(self, timeout_s: float = 0.0) -> bool:
         return True
 

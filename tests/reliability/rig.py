@@ -47,6 +47,9 @@ class StubCollector:
     def start(self) -> None:
         """Nothing to start: :meth:`Rig.batch` records the points."""
 
+    def begin_stop(self) -> None:
+        """Nothing runs."""
+
     def stop(self, timeout_s: float = 0.0) -> bool:
         return True
 

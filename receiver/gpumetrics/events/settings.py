@@ -51,7 +51,7 @@ class EventSettings(BaseModel):
 
     enabled: bool = True
     types: tuple[str, ...] = Field(default_factory=default_event_types)
-    wait_timeout_s: float = Field(default=1.0, ge=0.01, le=10.0)
+    wait_timeout_s: float = Field(default=0.5, ge=0.01, le=10.0)
     storm_burst: int = Field(default=10, ge=1, le=100_000)
     storm_window_s: float = Field(default=60.0, gt=0, le=86_400)
     max_queued_records: int = Field(default=10_000, ge=1)

@@ -237,6 +237,19 @@ class Collector:
                 return
             self._stop.wait(max(0.0, interval - (time.monotonic() - began)))
 
+    def begin_stop(self) -> None:
+        """Stop scheduling and tell the event listener to end, without waiting for either.
+
+        The first half of :meth:`stop`, for a shutdown that has other steps to take first: the
+        scheduler's cycle and the listener's ``nvmlEventSetWait_v2`` (at most
+        ``events.wait_timeout_s``) then end while those run, so the share of the budget
+        :meth:`stop` gets is not spent waiting for them. Makes no NVML call.
+        """
+        self._stopped = True
+        self._stop.set()
+        if self._events is not None:
+            self._events.stop(0.0)
+
     def stop(self, timeout_s: float = 5.0) -> bool:
         """Stop scheduling, join the workers, then call ``nvmlShutdown`` exactly once.
 

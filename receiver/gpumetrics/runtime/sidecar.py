@@ -78,6 +78,9 @@ class CollectorLike(Protocol):
     def start(self) -> None:
         """Start collecting; return at once."""
 
+    def begin_stop(self) -> None:
+        """Stop scheduling and tell the event listener to end; return at once (no NVML call)."""
+
     def stop(self, timeout_s: float = ...) -> object:
         """Stop scheduling, join the workers, then ``nvmlShutdown`` once."""
 
@@ -414,6 +417,10 @@ class Sidecar:
 
         log.log(level, "shutting down", extra={"reason": self.stop_reason or "requested"})
         p.health.enter_graceful_shutdown()
+        # The NVML threads end their bounded waits (the event listener's nvmlEventSetWait_v2,
+        # up to events.wait_timeout_s) while the server and batcher stop, not inside the share
+        # collector.stop gets: nvmlShutdown must not run under an in-flight call.
+        p.collector.begin_stop()
         p.server.stop(grace=min(1.0, left(0.2)))
         clean = p.batcher.stop(left(0.2))
         p.collector.stop(left(0.5))
