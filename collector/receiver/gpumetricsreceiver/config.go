@@ -156,6 +156,12 @@ func (cfg *Config) validateSubprocess() []error {
 	if cfg.StartTimeout <= 0 {
 		errs = append(errs, errors.New("'start_timeout' must be greater than 0"))
 	}
+	// The first argument is the sidecar's command (serve): one with spaces is a whole command
+	// line given as one string (`args: "serve --plugin"`, which YAML decoding accepts as a
+	// one-element list), and the sidecar would refuse it only at start.
+	if len(cfg.Args) > 0 && strings.ContainsAny(cfg.Args[0], " \t\n") {
+		errs = append(errs, fmt.Errorf("'args' [0] %q is one argument with spaces; write args as a list, one argument each: [serve, --plugin, ...]", cfg.Args[0]))
+	}
 	for key := range cfg.Env {
 		if key == "" || strings.ContainsAny(key, "=\x00") {
 			errs = append(errs, fmt.Errorf("'env' key %q must be non-empty and contain no '=' or NUL", key))

@@ -141,6 +141,7 @@ func TestValidate(t *testing.T) {
 		{name: "zero timeout", modify: func(c *Config) { c.Command = "gpumetrics"; c.Timeout = 0 }, wantErr: "'timeout' must be greater than 0"},
 		{name: "zero start_timeout", modify: func(c *Config) { c.Command = "gpumetrics"; c.StartTimeout = 0 }, wantErr: "'start_timeout' must be greater than 0"},
 		{name: "command with spaces", modify: func(c *Config) { c.Command = "gpumetrics " }, wantErr: `'command' "gpumetrics " must not start or end with whitespace`},
+		{name: "args as one string", modify: func(c *Config) { c.Command = "g"; c.Args = []string{"serve --plugin --simulate"} }, wantErr: `'args' [0] "serve --plugin --simulate" is one argument with spaces; write args as a list`},
 		{name: "bad env key", modify: func(c *Config) { c.Command = "g"; c.Env = map[string]string{"A=B": "1"} }, wantErr: `'env' key "A=B" must be non-empty`},
 		{name: "tls in subprocess mode", modify: func(c *Config) { c.Command = "g"; c.TLS.CAFile = "/ca.pem" }, wantErr: "'tls' applies only to remote mode"},
 		{name: "args in remote mode", modify: func(c *Config) { c.Endpoint = "localhost:1"; c.Args = []string{"x"} }, wantErr: "'args' applies only to subprocess mode"},
