@@ -19,9 +19,9 @@ log = logging.getLogger(__name__)
 
 #: How to get ``--simulate``; part of the error when the simulator is missing.
 INSTALL_HINT = (
-    "the simulated NVML driver (the nvmlsim package) is not installed: install it with "
-    "pip install 'gpumetrics[sim]', or from a checkout of the repository: "
-    "pip install ./nvmlsim '.[sim]'"
+    "the simulated NVML driver (the nvmlsim package) is not installed: install it from a "
+    "checkout of the repository with pip install ./nvmlsim '.[sim]' (neither package is on "
+    "PyPI)"
 )
 
 
