@@ -116,17 +116,60 @@ def test_without_wait_a_refused_connection_is_one_attempt():
     assert len(stub.calls) == 1 and clock.now == 1000.0  # no pause, no retry
 
 
-def test_a_tls_failure_is_not_called_a_missing_sidecar():
+# grpc 1.85's details, recorded from `gpumetrics pull` against a real sidecar (a self-signed
+# certificate for gm.example on 127.0.0.1) and a plaintext one.
+_PREFIX = "failed to connect to all addresses; last error: "
+TLS_MISMATCHES = [
+    (
+        (),
+        "UNAVAILABLE: ipv4:127.0.0.1:4319: Socket closed",
+        "; if the sidecar serves TLS (server.tls_cert_file), add --tls, or --ca-file FILE for a "
+        "private CA",
+        True,  # also what a sidecar that is restarting answers: retried while --wait lasts
+    ),
+    (
+        ("--ca-file", "c.pem"),
+        "UNKNOWN: ipv4:127.0.0.1:4319: Custom verification check failed with error: "
+        "UNAUTHENTICATED: Hostname Verification Check failed.",
+        "; the server's certificate does not name the address you dialled: pass --server-name "
+        "NAME, a name in its subjectAltName",
+        False,
+    ),
+    (
+        ("--tls",),
+        "UNKNOWN: ipv4:127.0.0.1:4319: Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: "
+        "error:1000007d:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: self signed "
+        "certificate: OK",
+        "; TLS failed: does the sidecar serve TLS (server.tls_cert_file), and does --ca-file hold "
+        "the CA that signed its certificate?",
+        False,
+    ),
+    (
+        ("--tls",),
+        "UNKNOWN: ipv4:127.0.0.1:4319: Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: "
+        "error:100000f7:SSL routines:OPENSSL_internal:WRONG_VERSION_NUMBER: Invalid certificate "
+        "verification context: OK",
+        "; the sidecar answered without TLS: leave out --tls/--ca-file/--cert-file",
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "last_error", "hint", "retried"), TLS_MISMATCHES)
+def test_a_tls_mismatch_says_what_to_change_and_is_not_retried(argv, last_error, hint, retried):
+    """Not "is the sidecar running?", and a failed handshake is not retried while --wait lasts:
+    it does not go away by waiting. grpc's trailing ": OK" (the handshake's status text) is
+    dropped."""
     clock = FakeClock()
-    stub = RecordingStub(clock, failures=1)
-    stub.details = (
-        "failed to connect to all addresses; last error: UNAVAILABLE: Ssl handshake failed"
-    )
+    stub = RecordingStub(clock, failures=10**6)
+    stub.details = _PREFIX + last_error
     with pytest.raises(client.CommandError) as info:
-        client._pull_waiting(stub, pull_pb2.PullRequest(), pull_args(), (), clock, clock.sleep)
+        client._pull_waiting(
+            stub, pull_pb2.PullRequest(), pull_args("--wait", "10", *argv), (), clock, clock.sleep
+        )
+    assert (len(stub.calls) > 1) is retried
     assert str(info.value) == (
-        "pull 127.0.0.1:4319: UNAVAILABLE: failed to connect to all addresses; last error: "
-        "UNAVAILABLE: Ssl handshake failed"  # no hint: neither a missing nor a starting sidecar
+        f"pull 127.0.0.1:4319: UNAVAILABLE: {_PREFIX}{last_error.removesuffix(': OK')}{hint}"
     )
 
 

@@ -184,6 +184,7 @@ def _rpc_error(what: str, address: str, err: grpc.RpcError, hint: str = "") -> C
     code = err.code() if callable(getattr(err, "code", None)) else None
     details = err.details() if callable(getattr(err, "details", None)) else str(err)
     name = code.name if code is not None else "ERROR"
+    details = details.removesuffix(": OK")  # grpc's status text of the handshake, not a result
     return CommandError(f"{what} {address}: {name}: {details}{hint}")
 
 
@@ -284,9 +285,50 @@ _NOTHING_LISTENS = ("Connection refused", "No such file or directory")
 """How grpc's UNAVAILABLE details end when nothing listens (TCP, unix socket): not a TLS failure."""
 
 
+_TLS_FAILED = ("handshake failed", "ssl_error", "certificate_verify_failed", "verification check")
+"""Parts of grpc's UNAVAILABLE details (lower-cased) when a TLS handshake failed: permanent."""
+
+
+def _uses_tls(args: argparse.Namespace) -> bool:
+    return bool(args.tls or args.ca_file or args.cert_file)
+
+
+def _tls_failed(err: grpc.RpcError) -> bool:
+    details = str(err.details() or "").lower()
+    return err.code() == grpc.StatusCode.UNAVAILABLE and any(s in details for s in _TLS_FAILED)
+
+
+def _tls_hint(err: grpc.RpcError, args: argparse.Namespace) -> str:
+    """Return a next step for the usual TLS mismatches (grpc's text names none), or ""."""
+    details = str(err.details() or "")
+    if err.code() != grpc.StatusCode.UNAVAILABLE:
+        return ""
+    if not _uses_tls(args) and "Socket closed" in details:
+        return (
+            "; if the sidecar serves TLS (server.tls_cert_file), add --tls, or --ca-file FILE"
+            " for a private CA"
+        )
+    if "WRONG_VERSION_NUMBER" in details:
+        return "; the sidecar answered without TLS: leave out --tls/--ca-file/--cert-file"
+    if "Hostname Verification Check failed" in details:
+        return (
+            "; the server's certificate does not name the address you dialled: pass"
+            " --server-name NAME, a name in its subjectAltName"
+        )
+    if _tls_failed(err):
+        return (
+            "; TLS failed: does the sidecar serve TLS (server.tls_cert_file), and does"
+            " --ca-file hold the CA that signed its certificate?"
+        )
+    return ""
+
+
 def _hint(err: grpc.RpcError, args: argparse.Namespace, budget_s: float) -> str:
     code = err.code()
     details = str(err.details() or "")
+    tls = _tls_hint(err, args)
+    if tls:
+        return tls
     if code == grpc.StatusCode.UNAVAILABLE and any(s in details for s in _NOTHING_LISTENS):
         if args.wait > 0:
             return f"; nothing answered within --wait {args.wait:g} s: is the sidecar running?"
@@ -329,7 +371,7 @@ def _pull_waiting(
             response = stub.Pull(request, timeout=max(end - clock(), 0.0), metadata=metadata)
             return response, end
         except grpc.RpcError as err:
-            retry = err.code() == grpc.StatusCode.UNAVAILABLE
+            retry = err.code() == grpc.StatusCode.UNAVAILABLE and not _tls_failed(err)
             if not retry or clock() + _RETRY_PAUSE_S >= min(retry_until, end):
                 raise _rpc_error("pull", args.address, err, _hint(err, args, budget)) from None
         pause(_RETRY_PAUSE_S)
@@ -455,7 +497,7 @@ def cmd_declare(args: argparse.Namespace, out: TextIO | None = None) -> int:
         try:
             response = stub.DeclareProcesses(request, timeout=args.timeout, metadata=metadata)
         except grpc.RpcError as err:
-            raise _rpc_error("declare to", args.address, err) from None
+            raise _rpc_error("declare to", args.address, err, _tls_hint(err, args)) from None
     if args.format == "json":
         print(json.dumps(json_format.MessageToDict(response), indent=2), file=out)
     else:
