@@ -119,3 +119,29 @@ def test_validate_names_bytes_that_are_not_utf8_and_yaml_errors_on_one_line(
         f"invalid scenario {broken}:\n  not valid YAML: line 2, column 1: expected the node "
         "content, but found '<stream end>'\n"
     )
+
+
+def test_list_into_a_closed_pipe_exits_quietly():
+    """``python -m nvmlsim list | head`` with the reader gone: status 141, no traceback."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # every write now fails with EPIPE (Python ignores SIGPIPE)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "nvmlsim", "list", "--field-cases"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_help_has_no_rest_markup(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "``" not in capsys.readouterr().out
