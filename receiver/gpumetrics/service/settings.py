@@ -224,11 +224,13 @@ class ServerSettings(BaseModel):
                 raise ValueError(f"'unix_socket_mode': {value!r} is not an octal file mode")
             return int(text, 8)
         if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 0o777:
-            # YAML reads 660 as decimal 660: almost certainly an octal mode written unquoted
-            raise ValueError(
-                f"'unix_socket_mode': {value} is not a file mode; write the octal mode as a "
-                f'quoted string, e.g. "0{value}"'
-            )
+            # YAML reads 660 as decimal 660: almost certainly an octal mode written unquoted;
+            # the hint quotes it only when its digits are octal (99999 is no mode at all)
+            if all(ch in "01234567" for ch in str(value)) and int(str(value), 8) <= 0o777:
+                hint = f'write the octal mode as a quoted string, e.g. "0{value}"'
+            else:
+                hint = 'a mode is 0 to 0777 in octal, written as a quoted string, e.g. "0660"'
+            raise ValueError(f"'unix_socket_mode': {value} is not a file mode; {hint}")
         return value
 
     @field_validator("health_listen")
