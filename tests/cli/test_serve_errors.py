@@ -315,3 +315,31 @@ def test_a_missing_config_file_named_by_the_variable(capsys, tmp_path, monkeypat
         2,
         f"gpumetrics: config file {missing} (from GPUMETRICS_CONFIG): No such file or directory",
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (
+            ["--health-listen", "127.0.0.1:24319", "--listen", "127.0.0.1:24319"],
+            "'server.health_listen' (from flag --health-listen): same address as "
+            "'server.listen[1]'",
+        ),
+        (
+            ["--profiler-listen", "127.0.0.1:24319", "--listen", "127.0.0.1:24319"],
+            "'server.profiler_listen[0]' (from flag --profiler-listen): same address as "
+            "'server.listen[1]'",
+        ),
+    ],
+)
+def test_the_same_address_twice_is_refused_before_anything_starts(capsys, flags, line):
+    """Newcomer report F16: not "in use by another process" when the other one is this one."""
+    assert serve(capsys, *flags) == (2, f"gpumetrics: {line}")
+
+
+def test_the_same_unix_socket_twice_is_refused(capsys, tmp_path):
+    sock = f"unix:{tmp_path}/d.sock"
+    assert serve(capsys, "--listen", sock, "--listen", sock) == (
+        2,
+        "gpumetrics: 'server.listen[2]' (from flag --listen): same address as 'server.listen[1]'",
+    )

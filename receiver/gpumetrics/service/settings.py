@@ -252,6 +252,26 @@ class ServerSettings(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _distinct_addresses(self) -> ServerSettings:
+        # One address twice would fail at bind time as "in use by another process", when the
+        # other process is this one; say so before anything starts. TCP port 0 is a fresh port
+        # each time, never a clash.
+        named = [(f"listen[{i}]", a) for i, a in enumerate(self.listen)]
+        named += [(f"profiler_listen[{i}]", a) for i, a in enumerate(self.profiler_listen)]
+        if self.health_listen is not None:
+            named.append(("health_listen", self.health_listen))
+        first: dict[str, str] = {}
+        for field, text in named:
+            addr = parse_listen_address(text, field)
+            if addr.kind != "unix" and addr.port == 0:
+                continue
+            target = addr.bind_target()
+            if target in first:
+                raise ValueError(f"'{field}': same address as 'server.{first[target]}'")
+            first[target] = field
+        return self
+
+    @model_validator(mode="after")
     def _security(self) -> ServerSettings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             missing, given = ("tls_key_file", "tls_cert_file")
