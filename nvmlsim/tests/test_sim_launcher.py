@@ -103,3 +103,45 @@ def test_list_validate_and_schema(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_exec_with_a_broken_scenario_fails_before_running(tmp_path: Path, capsys):
     assert main(["exec", "--simulate", "no-such-profile", "--", "nothing"]) == 2
     assert "built-in profiles" in capsys.readouterr().err
+
+
+def test_validate_names_bytes_that_are_not_utf8_and_yaml_errors_on_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    bad = tmp_path / "t4b.yaml"
+    bad.write_bytes(b"format: 1\ndevices: []\n\xff\xfe")  # byte 0xff at offset 22, line 3
+    broken = tmp_path / "t3.yaml"
+    broken.write_text("devices: [\n")
+    assert main(["validate", str(bad), str(broken)]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"invalid scenario {bad}:\n  not valid UTF-8 (byte 0xff at offset 22, line 3)\n"
+        f"invalid scenario {broken}:\n  not valid YAML: line 2, column 1: expected the node "
+        "content, but found '<stream end>'\n"
+    )
+
+
+def test_list_into_a_closed_pipe_exits_quietly():
+    """``python -m nvmlsim list | head`` with the reader gone: status 141, no traceback."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # every write now fails with EPIPE (Python ignores SIGPIPE)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "nvmlsim", "list", "--field-cases"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_help_has_no_rest_markup(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "``" not in capsys.readouterr().out

@@ -172,7 +172,6 @@ def test_count_gpus_counts_driver_entries(tmp_path, capsys):
             2,
             "--env 'NOEQUALS': expected KEY=VALUE",
         ),
-        (["declare", "127.0.0.1:1", "--pid", "0"], 2, "--pid 0: must be a positive process id"),
         (
             ["pull", "127.0.0.1:1", "--token-file", "/nonexistent/token"],
             1,
@@ -366,3 +365,41 @@ def test_a_mistyped_flag_prints_its_commands_usage_and_the_closest_flag(capsys, 
     assert out == ""
     assert err.startswith(usage), err
     assert err.rstrip().splitlines()[-1] == error
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (
+            ["pull", "unix:/x", "--max-points", "-1"],
+            "argument --max-points: -1: must be 0..4294967295",
+        ),
+        (["pull", "unix:/x", "--max-points", "99999999999"], "argument --max-points: 99999999999"),
+        (["pull", "unix:/x", "--max-bytes", "-1"], "argument --max-bytes: -1: must be 0..1844674"),
+        (
+            ["declare", "unix:/x", "--pid", "0"],
+            "argument --pid: 0: must be a process id in 1..4294967295",
+        ),
+        (
+            ["declare", "unix:/x", "--pid", "99999999999", "--start-time-ticks", "0"],
+            "argument --pid",
+        ),
+        (
+            ["declare", "unix:/x", "--pid", "41201", "--start-time-ticks", "-5"],
+            "argument --start-time-ticks: -5",
+        ),
+        (
+            ["declare", "unix:/x", "--pid", "41201", "--start-time-ticks", str(2**64)],
+            f"argument --start-time-ticks: {2**64}: must be 0..18446744073709551615",
+        ),
+    ],
+)
+def test_out_of_range_integer_flags_are_usage_errors_naming_the_flag(capsys, argv, error):
+    """Values protobuf cannot hold (uint32, uint64, PID_MAX_LIMIT) are refused by the parser
+    with exit 2, not a ValueError from the request builder (newcomer report F11)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.splitlines()[-1].startswith(f"gpumetrics {argv[0]}: error: {error}")
+    assert "Traceback" not in err and "internal error" not in err

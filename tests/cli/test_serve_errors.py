@@ -236,3 +236,110 @@ def test_a_default_names_the_flag_that_changes_it():
     assert sources.describe("identity.relabel_config") == "from /etc/gpumetrics.yaml"
     assert sources.describe("server.pull_token_file") == "from flag --pull-token-file"
     assert sources.describe("store.max_bytes") == "default"
+
+
+# The newcomer report's findings (reports F1, F2, F3, F18): files that are not valid UTF-8 or
+# not valid YAML, and duplicate keys, are one line naming the file, its line and column.
+NOT_UTF8 = b'server:\n  listen: ["127.0.0.1:0"]\n\xff\xfe'  # byte 0xff at offset 34, line 3
+
+
+def test_a_config_file_that_is_not_utf8(capsys, tmp_path):
+    cfg = tmp_path / "t4b.yaml"
+    cfg.write_bytes(NOT_UTF8)
+    assert serve(capsys, "--config", str(cfg)) == (
+        2,
+        f"gpumetrics: config file {cfg}: not valid UTF-8 (byte 0xff at offset 34, line 3)",
+    )
+
+
+def test_a_scenario_file_that_is_not_utf8(capsys, tmp_path):
+    scenario = tmp_path / "t4b.yaml"
+    scenario.write_bytes(NOT_UTF8)
+    code = main(["serve", "--simulate", str(scenario), "--listen", "127.0.0.1:0"])
+    err = capsys.readouterr().err
+    assert (code, err) == (
+        2,
+        f"gpumetrics: 'runtime.simulate' (from flag --simulate): {scenario}: not valid UTF-8 "
+        "(byte 0xff at offset 34, line 3)\n",
+    )
+    assert sim.installed() is None
+
+
+def test_a_scenario_yaml_syntax_error_is_one_line_with_line_and_column(capsys, tmp_path):
+    scenario = tmp_path / "t3.yaml"
+    scenario.write_text("server: [\n")
+    code = main(["serve", "--simulate", str(scenario), "--listen", "127.0.0.1:0"])
+    err = capsys.readouterr().err
+    assert (code, err) == (
+        2,
+        f"gpumetrics: 'runtime.simulate' (from flag --simulate): {scenario}: not valid YAML: "
+        "line 2, column 1: expected the node content, but found '<stream end>'\n",
+    )
+
+
+def test_a_relabel_yaml_syntax_error_is_one_line_with_line_and_column(capsys, tmp_path):
+    rules = tmp_path / "relabel.yaml"
+    rules.write_text("relabel_configs:\n  - action: [\n")
+    assert serve(capsys, "--relabel-config", str(rules)) == (
+        2,
+        f"gpumetrics: 'identity.relabel_config' (from flag --relabel-config): {rules}: relabel "
+        "configuration: invalid YAML: line 3, column 1: expected the node content, but found "
+        "'<stream end>'",
+    )
+
+
+def test_a_duplicate_key_in_the_config_file(capsys, tmp_path):
+    cfg = tmp_path / "dup.yaml"
+    cfg.write_text("collection:\n  interval_s: 1\n  interval_s: 2\n")
+    assert serve(capsys, "--config", str(cfg)) == (
+        2,
+        f"gpumetrics: config file {cfg}: line 3, column 3: duplicate key 'interval_s' "
+        "(first at line 2)",
+    )
+
+
+def test_a_duplicate_section_in_the_config_file(capsys, tmp_path):
+    cfg = tmp_path / "dup.yaml"
+    cfg.write_text("server:\n  max_streams: 2\nstore: {}\nserver:\n  max_streams: 3\n")
+    assert serve(capsys, "--config", str(cfg)) == (
+        2,
+        f"gpumetrics: config file {cfg}: line 4, column 1: duplicate key 'server' "
+        "(first at line 1)",
+    )
+
+
+def test_a_missing_config_file_named_by_the_variable(capsys, tmp_path, monkeypatch):
+    missing = tmp_path / "nonexist.yaml"
+    monkeypatch.setenv("GPUMETRICS_CONFIG", str(missing))
+    assert serve(capsys) == (
+        2,
+        f"gpumetrics: config file {missing} (from GPUMETRICS_CONFIG): No such file or directory",
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (
+            ["--health-listen", "127.0.0.1:24319", "--listen", "127.0.0.1:24319"],
+            "'server.health_listen' (from flag --health-listen): same address as "
+            "'server.listen[1]'",
+        ),
+        (
+            ["--profiler-listen", "127.0.0.1:24319", "--listen", "127.0.0.1:24319"],
+            "'server.profiler_listen[0]' (from flag --profiler-listen): same address as "
+            "'server.listen[1]'",
+        ),
+    ],
+)
+def test_the_same_address_twice_is_refused_before_anything_starts(capsys, flags, line):
+    """Newcomer report F16: not "in use by another process" when the other one is this one."""
+    assert serve(capsys, *flags) == (2, f"gpumetrics: {line}")
+
+
+def test_the_same_unix_socket_twice_is_refused(capsys, tmp_path):
+    sock = f"unix:{tmp_path}/d.sock"
+    assert serve(capsys, "--listen", sock, "--listen", sock) == (
+        2,
+        "gpumetrics: 'server.listen[2]' (from flag --listen): same address as 'server.listen[1]'",
+    )

@@ -87,7 +87,7 @@ BAD = [
     ({"start_time_ticks": -1}, "start_time_ticks", "0..2^64-1"),
     ({"start_time_ticks": 2**64}, "start_time_ticks", "0..2^64-1"),
     ({"process_context": b"\x00" * 65537}, "process_context", "65537 bytes exceed the limit"),
-    ({"process_context": b"\x0a\x05\x0a"}, "process_context", "not a ProcessContext"),
+    ({"process_context": b"\x0a\x05\x0a"}, "process_context", "not a ProcessContext: Error"),
     ({"process_context": "text"}, "process_context", "must be bytes"),
     ({"environment": [("", b"x")]}, "environment[0].name", "non-empty"),
     ({"environment": [("OTEL_A", b"1"), ("A=B", b"/")]}, "environment[1].name", "'='"),
@@ -123,6 +123,7 @@ def test_rejection_names_the_field_and_keeps_what_was_held(override, field, reas
         s.declare(**args)
     assert err.value.field == field
     assert reason in err.value.reason
+    assert err.value.reason.count(reason.split(":")[0]) == 1, "a prefix said twice"
     assert str(err.value) == f"{field}: {err.value.reason}"
     assert isinstance(err.value, ValueError)
     assert s.lookup(42) == (held, True)  # nothing already held changed

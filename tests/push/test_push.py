@@ -245,3 +245,21 @@ def test_settings_errors_name_the_field(settings, field):
     with pytest.raises(ValidationError) as err:
         PushSettings(**settings)
     assert field in str(err.value)
+
+
+def test_an_export_cancelled_by_shutdown_is_a_normal_end(collector, caplog, monkeypatch):
+    """Closing the channel under an export in flight raises grpc.FutureCancelledError: no
+    ERROR, no traceback, nothing acknowledged (newcomer report F14)."""
+    store = BatchStore()
+    store.append(batch())
+    exporter, _ = make(store, collector[1])
+
+    def cancelled(request, timeout):
+        raise grpc.FutureCancelledError()
+
+    monkeypatch.setattr(exporter, "_send", cancelled)
+    with caplog.at_level("DEBUG", logger="gpumetrics"):
+        results = exporter.export_pending()
+    assert results == [ExportResult.RETRY_LATER]
+    assert [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")] == []
+    assert push_cursor(store).acked_sequence == 0

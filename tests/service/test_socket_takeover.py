@@ -66,5 +66,8 @@ def test_a_regular_file_at_the_path_is_refused(tmp_path: Path) -> None:
 def test_an_unquoted_octal_mode_is_explained() -> None:
     with pytest.raises(ValueError, match=r'quoted string, e.g. "0660"'):
         ServerSettings(unix_socket_mode=660)
+    # a number whose digits are not octal gets no impossible hint ("099999"), newcomer F7
+    with pytest.raises(ValueError, match=r"99999 is not a file mode; a mode is 0 to 0777 in octal"):
+        ServerSettings(unix_socket_mode=99999)
     # a string from YAML or a flag, converted by the field validator
     assert ServerSettings(unix_socket_mode="0660").unix_socket_mode == 0o660  # type: ignore[arg-type]

@@ -54,3 +54,12 @@ def test_the_relabel_example_in_identity_md_drops_and_labels_as_described():
         {"__meta_env_var_OTEL_SERVICE_NAME": "trainer", "__meta_kubernetes_namespace": "ml"}, rules
     )
     assert kept is not None and kept["namespace"] == "ml" and kept["region"] == "eu-west-1"
+
+
+def test_the_readme_lists_every_built_in_profile():
+    """README's ``--simulate`` sentence and nvmlsim's profile table name every shipped profile."""
+    listed = search(r"`python -m nvmlsim list`: (.*?)\), a field case", README)
+    names = set(re.findall(r"`([a-z0-9-]+)`", listed))
+    assert names == set(sim.list_profiles())
+    table = (ROOT / "nvmlsim" / "README.md").read_text()
+    assert set(re.findall(r"^\| `([a-z0-9-]+)`", table, re.M)) >= set(sim.list_profiles())

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import runpy
 import signal
 import sys
@@ -47,7 +48,8 @@ PROG = "python -m nvmlsim"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    summary = __doc__.split("\n\n")[0].replace("``", "")  # no reST markup in --help
+    parser = argparse.ArgumentParser(prog=PROG, description=summary)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("exec", help="run a Python program on the simulated driver")
     run.add_argument(
@@ -151,6 +153,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         cut = argv.index("--")
         argv = argv[:cut] + argv[cut + 1 :][:1] + ["--"] + argv[cut + 2 :]
     ns = _parser().parse_args(argv)
+    try:
+        return _command(ns)
+    except BrokenPipeError:  # `python -m nvmlsim list | head`: the reader left; not an error
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a pipeline's writer killed by it
+
+
+def _command(ns: argparse.Namespace) -> int:
     try:
         if ns.command == "exec":
             return _exec(ns)

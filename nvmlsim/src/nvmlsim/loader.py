@@ -74,9 +74,8 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict
             continue
         key = loader.construct_object(key_node, deep=True)
         if key in seen:
-            mark = key_node.start_mark
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark
+                None, None, f"duplicate key {key!r}", key_node.start_mark
             )
         seen.add(key)
     loader.flatten_mapping(node)
@@ -201,15 +200,32 @@ def field_case_path(name: str) -> Path:
     return path
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """One line: ``line L, column C: problem`` (PyYAML's own ``str()`` spans four lines).
+
+    The product's config loader words it the same way (``gpumetrics.yamlfile``); the two are
+    kept apart because the simulator must not import the product.
+    """
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or " ".join(str(err).split())
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
+
+
 def _read_yaml(path: Path, source: str) -> Any:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as err:
         raise ScenarioError(source, [("", f"cannot read: {err.strerror or err}")]) from None
     try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        where = f"byte 0x{data[err.start]:02x} at offset {err.start}, line {line}"
+        raise ScenarioError(source, [("", f"not valid UTF-8 ({where})")]) from None
+    try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
-        raise ScenarioError(source, [("", f"not valid YAML: {err}")]) from None
+        raise ScenarioError(source, [("", f"not valid YAML: {_yaml_problem(err)}")]) from None
     except RecursionError:  # PyYAML's parser recurses once per nesting level
         raise ScenarioError(source, [("", "not valid YAML: nested too deeply")]) from None
 

@@ -81,6 +81,30 @@ def parse_args(parser: CommandParser, argv: Sequence[str]) -> argparse.Namespace
     target.exit(2, f"{target.prog}: error: unrecognized argument {unknown}{hint}\n")
 
 
+UINT32_MAX = 2**32 - 1
+UINT64_MAX = 2**64 - 1
+
+
+def _int_in(low: int, high: int, what: str) -> Any:
+    """Return an argparse ``type``: an integer in ``low..high``, else a usage error naming the flag.
+
+    argparse words it ``argument --max-points: -1: must be ...`` and exits 2 (docs/configuration.md,
+    exit codes). The bounds are the protobuf field's (``uint32``/``uint64``): protobuf would
+    otherwise raise ``ValueError: Value out of range`` when the request is built.
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value}: must be {what}")
+        return value
+
+    return parse
+
+
 def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
@@ -177,13 +201,17 @@ def build_parser() -> CommandParser:
     pull.add_argument("--no-ack", action="store_true", help="do not acknowledge what was pulled")
     pull.add_argument(
         "--max-points",
-        type=int,
+        type=_int_in(0, UINT32_MAX, f"0..{UINT32_MAX} (a uint32; 0 = server default)"),
         default=0,
         metavar="N",
         help="cap on data points (0 = server default)",
     )
     pull.add_argument(
-        "--max-bytes", type=int, default=0, metavar="N", help="cap on bytes (0 = server default)"
+        "--max-bytes",
+        type=_int_in(0, UINT64_MAX, f"0..{UINT64_MAX} (a uint64; 0 = server default)"),
+        default=0,
+        metavar="N",
+        help="cap on bytes (0 = server default)",
     )
     pull.add_argument(
         "--wait",
@@ -200,10 +228,16 @@ def build_parser() -> CommandParser:
         description="Declare one process to the profiler-integration service.",
     )
     _client_flags(declare)
-    declare.add_argument("--pid", type=int, required=True, help="process id")
+    declare.add_argument(
+        "--pid",
+        # the wire's bound (uint32); the sidecar rejects, and names, a pid above its pid_max
+        type=_int_in(1, UINT32_MAX, f"a process id in 1..{UINT32_MAX} (a uint32)"),
+        required=True,
+        help="process id",
+    )
     declare.add_argument(
         "--start-time-ticks",
-        type=int,
+        type=_int_in(0, UINT64_MAX, f"0..{UINT64_MAX} (clock ticks since boot, a uint64)"),
         metavar="TICKS",
         help="field 22 of /proc/PID/stat (default: read it)",
     )

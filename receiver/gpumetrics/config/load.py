@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from gpumetrics.config.env import GPUMETRICS_CONFIG, env_overrides
 from gpumetrics.config.model import SidecarConfig
+from gpumetrics.yamlfile import UniqueKeyLoader, decode_utf8, yaml_problem
 
 __all__ = [
     "ConfigError",
@@ -123,30 +124,35 @@ def _leaf_paths(tree: Mapping[str, Any], prefix: str = "") -> set[str]:
     return out
 
 
-def read_config_file(path: str) -> dict[str, Any]:
+def read_config_file(path: str, origin: str | None = None) -> dict[str, Any]:
     """Parse the YAML file at ``path`` into a mapping (an empty file is ``{}``).
 
+    ``origin`` says where the path came from when it was not the ``--config`` flag (the
+    ``GPUMETRICS_CONFIG`` variable); messages then read ``config file PATH (from ORIGIN): ...``.
+
     Raises:
-        ConfigError: unreadable file, YAML syntax error (with line and column), or a top level
-            that is not a mapping.
+        ConfigError: unreadable file, bytes that are not UTF-8 (offset and line), a YAML syntax
+            error or a key written twice in one mapping (line and column), or a top level that
+            is not a mapping.
 
     """
+    name = f"config file {path}" + (f" (from {origin})" if origin else "")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+        with open(path, "rb") as f:
+            text = decode_utf8(f.read())
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except OSError as exc:
-        raise ConfigError([f"config file {path}: {exc.strerror or exc}"]) from None
+        raise ConfigError([f"{name}: {exc.strerror or exc}"]) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([f"config file {path}:{where}: {problem}"]) from None
+        raise ConfigError([f"{name}: {yaml_problem(exc)}"]) from None
     except RecursionError:  # PyYAML's parser recurses once per nesting level
-        raise ConfigError([f"config file {path}: nested too deeply"]) from None
+        raise ConfigError([f"{name}: nested too deeply"]) from None
+    except ValueError as exc:  # decode_utf8: not UTF-8
+        raise ConfigError([f"{name}: {exc}"]) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError([f"config file {path}: the top level must be a mapping of sections"])
+        raise ConfigError([f"{name}: the top level must be a mapping of sections"])
     return data
 
 
@@ -229,8 +235,9 @@ def _layers(
     environ: Mapping[str, str],
     flags: Mapping[str, tuple[str, Any]],
     flag_names: Mapping[str, str] | None = None,
+    origin: str | None = None,
 ) -> tuple[dict[str, Any], ConfigSources]:
-    tree: dict[str, Any] = read_config_file(path) if path is not None else {}
+    tree: dict[str, Any] = read_config_file(path, origin) if path is not None else {}
     file_paths = frozenset(_leaf_paths(tree))
     values: dict[str, str] = {}
     try:
@@ -246,8 +253,12 @@ def _layers(
     return tree, ConfigSources(values, path, file_paths, dict(flag_names or {}))
 
 
-def _config_path(path: str | None, environ: Mapping[str, str]) -> str | None:
-    return path if path is not None else environ.get(GPUMETRICS_CONFIG) or None
+def _config_path(path: str | None, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """Return the config file and, when ``GPUMETRICS_CONFIG`` named it, that variable's name."""
+    if path is not None:
+        return path, None
+    from_env = environ.get(GPUMETRICS_CONFIG) or None
+    return from_env, GPUMETRICS_CONFIG if from_env else None
 
 
 def config_sources(
@@ -265,7 +276,8 @@ def config_sources(
 
     """
     env = os.environ if environ is None else environ
-    return _layers(_config_path(path, env), env, flags or {}, flag_names)[1]
+    path, origin = _config_path(path, env)
+    return _layers(path, env, flags or {}, flag_names, origin)[1]
 
 
 def load_config(
@@ -285,8 +297,8 @@ def load_config(
 
     """
     env = os.environ if environ is None else environ
-    path = _config_path(path, env)
-    tree, sources = _layers(path, env, flags or {})
+    path, origin = _config_path(path, env)
+    tree, sources = _layers(path, env, flags or {}, origin=origin)
     try:
         return SidecarConfig.model_validate(tree)
     except ValidationError as exc:

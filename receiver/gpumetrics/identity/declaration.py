@@ -212,7 +212,9 @@ def validate_declaration(
         try:
             decoded = decode_process_context(ctx_raw)
         except ProcessContextDecodeError as exc:
-            raise DeclarationError("process_context", f"not a ProcessContext: {exc}") from None
+            raise DeclarationError(
+                "process_context", str(exc)
+            ) from None  # "not a ProcessContext: …"
         ctx_resource, ctx_attrs = decoded.resource, decoded.attributes
     env = _environment(environment, limits)
     res_raw = _as_bytes(profiler_resource, "profiler_resource")

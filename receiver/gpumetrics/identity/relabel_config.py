@@ -32,6 +32,8 @@ from typing import Any
 import re2
 import yaml
 
+from gpumetrics.yamlfile import decode_utf8, yaml_problem
+
 
 class RelabelConfigError(ValueError):
     """A relabel rule is invalid.
@@ -285,11 +287,18 @@ def load_relabel_configs(text: str | bytes) -> tuple[RelabelConfig, ...]:
             refer to themselves), or an invalid rule (named).
 
     """
+    if isinstance(text, bytes):
+        try:
+            text = decode_utf8(text)
+        except ValueError as exc:
+            raise RelabelConfigError(f"relabel configuration: {exc}") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         doc = _plain(node, "relabel configuration") if node is not None else None
     except yaml.YAMLError as exc:
-        raise RelabelConfigError(f"relabel configuration: invalid YAML: {exc}") from None
+        raise RelabelConfigError(
+            f"relabel configuration: invalid YAML: {yaml_problem(exc)}"
+        ) from None
     except RecursionError:  # PyYAML and _plain recurse: deep nesting or a self-referring alias
         raise RelabelConfigError(
             "relabel configuration: nested too deeply, or a YAML alias refers to itself"

@@ -316,6 +316,11 @@ class PushExporter:
                 break
             try:
                 response = self._send(request, remaining)
+            except grpc.FutureCancelledError:
+                # shutdown closed the channel under an export in flight: a normal end, and the
+                # data stays unacknowledged, as for any export that did not finish
+                log.debug("push: %s export cancelled by shutdown", self._signal.name)
+                return ExportResult.RETRY_LATER
             except grpc.RpcError as err:
                 code = (
                     err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN

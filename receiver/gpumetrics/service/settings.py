@@ -224,11 +224,13 @@ class ServerSettings(BaseModel):
                 raise ValueError(f"'unix_socket_mode': {value!r} is not an octal file mode")
             return int(text, 8)
         if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 0o777:
-            # YAML reads 660 as decimal 660: almost certainly an octal mode written unquoted
-            raise ValueError(
-                f"'unix_socket_mode': {value} is not a file mode; write the octal mode as a "
-                f'quoted string, e.g. "0{value}"'
-            )
+            # YAML reads 660 as decimal 660: almost certainly an octal mode written unquoted;
+            # the hint quotes it only when its digits are octal (99999 is no mode at all)
+            if all(ch in "01234567" for ch in str(value)) and int(str(value), 8) <= 0o777:
+                hint = f'write the octal mode as a quoted string, e.g. "0{value}"'
+            else:
+                hint = 'a mode is 0 to 0777 in octal, written as a quoted string, e.g. "0660"'
+            raise ValueError(f"'unix_socket_mode': {value} is not a file mode; {hint}")
         return value
 
     @field_validator("health_listen")
@@ -247,6 +249,26 @@ class ServerSettings(BaseModel):
         if "pull_inflight_bytes" not in self.model_fields_set:
             budget = max(DEFAULT_PULL_INFLIGHT_BYTES, self.pull_max_bytes)
             object.__setattr__(self, "pull_inflight_bytes", budget)
+        return self
+
+    @model_validator(mode="after")
+    def _distinct_addresses(self) -> ServerSettings:
+        # One address twice would fail at bind time as "in use by another process", when the
+        # other process is this one; say so before anything starts. TCP port 0 is a fresh port
+        # each time, never a clash.
+        named = [(f"listen[{i}]", a) for i, a in enumerate(self.listen)]
+        named += [(f"profiler_listen[{i}]", a) for i, a in enumerate(self.profiler_listen)]
+        if self.health_listen is not None:
+            named.append(("health_listen", self.health_listen))
+        first: dict[str, str] = {}
+        for field, text in named:
+            addr = parse_listen_address(text, field)
+            if addr.kind != "unix" and addr.port == 0:
+                continue
+            target = addr.bind_target()
+            if target in first:
+                raise ValueError(f"'{field}': same address as 'server.{first[target]}'")
+            first[target] = field
         return self
 
     @model_validator(mode="after")
