@@ -170,7 +170,8 @@ def _environment(
         if total > limits.max_environment_bytes:
             raise DeclarationError(
                 "environment",
-                f"more than {limits.max_environment_bytes} bytes of names and values",
+                f"more than {limits.max_environment_bytes} bytes of names and values "
+                "(identity.declared.max_environment_bytes)",
             )
         first[name] = i
         out[sys.intern(name)] = raw
@@ -204,7 +205,8 @@ def validate_declaration(
     if len(ctx_raw) > limits.max_process_context_bytes:
         raise DeclarationError(
             "process_context",
-            f"{len(ctx_raw)} bytes exceed the limit of {limits.max_process_context_bytes}",
+            f"{len(ctx_raw)} bytes exceed the limit of {limits.max_process_context_bytes} "
+            "(identity.declared.max_process_context_bytes)",
         )
     ctx_resource: dict[str, AttrValue] = {}
     ctx_attrs: dict[str, AttrValue] = {}
@@ -221,7 +223,8 @@ def validate_declaration(
     if len(res_raw) > limits.max_profiler_resource_bytes:
         raise DeclarationError(
             "profiler_resource",
-            f"{len(res_raw)} bytes exceed the limit of {limits.max_profiler_resource_bytes}",
+            f"{len(res_raw)} bytes exceed the limit of {limits.max_profiler_resource_bytes} "
+            "(identity.declared.max_profiler_resource_bytes)",
         )
     prof: dict[str, AttrValue] = {}
     if res_raw:

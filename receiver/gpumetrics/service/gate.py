@@ -253,7 +253,7 @@ class Gatekeeper(grpc.ServerInterceptor):
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"{slots.limit} streams of {service_of(method)} are open on this listener "
-                "(max_streams); retry later",
+                "(server.max_streams); retry later",
             )
         if not context.add_callback(slots.leave):
             slots.leave()  # the call had already ended

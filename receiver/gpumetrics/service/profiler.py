@@ -293,8 +293,8 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
             self._telemetry.add("gpumetrics.declarations.rejected", n, {"field": field})
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{field}: {n} entries exceed the limit of {self._max_entries} per request; "
-                "send smaller batches",
+                f"{field}: {n} entries exceed the limit of {self._max_entries} per request "
+                "(server.max_declarations_per_request); send smaller batches",
             )
 
     def _rejection(self, index: int, pid: int, prefix: str, exc: Any) -> profiler_pb2.Rejection:
