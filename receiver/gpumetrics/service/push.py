@@ -349,8 +349,9 @@ class PushExporter:
                     self._once.log(
                         logging.ERROR,
                         "give-up",
-                        "push: export failed with %s (%s); "
+                        "push: export to %s (push.endpoint) failed with %s (%s); "
                         "the data stays in the store and is retried later",
+                        self._settings.endpoint,
                         code.name,
                         _details(err),
                     )

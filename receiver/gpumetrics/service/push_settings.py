@@ -55,7 +55,31 @@ class PushSettings(BaseModel):
             raise ValueError("insecure: cannot be combined with ca_file/cert_file/key_file")
         if self.endpoint is not None and not self.endpoint.strip():
             raise ValueError("endpoint: must not be empty (leave it unset to disable push)")
+        if self.endpoint is not None:
+            _check_endpoint(self.endpoint)
         for key in self.headers:
             if not key or key != key.strip() or any(c.isspace() for c in key):
                 raise ValueError(f"headers: invalid header name {key!r}")
         return self
+
+
+def _check_endpoint(endpoint: str) -> None:
+    """Refuse a TCP endpoint without a port: grpc would dial ``localhost`` as ``localhost:443``.
+
+    Accepted: ``host:port``, ``[v6]:port``, ``unix:/path``, and any explicit gRPC target with a
+    scheme (``dns:///collector:4317``), which grpc parses itself.
+
+    Raises:
+        ValueError: naming the forms.
+
+    """
+    if endpoint.startswith("unix:") or "://" in endpoint:
+        return
+    host, sep, port = endpoint.rpartition(":")
+    if host.startswith("[") and not host.endswith("]"):
+        sep = ""  # [v6addr] without a port
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(
+            f"endpoint: {endpoint!r} needs a port 1..65535 (grpc would dial port 443): write "
+            "host:port (e.g. collector:4317), [v6]:port or unix:/path"
+        )
