@@ -46,6 +46,11 @@ BENCHMARKS: tuple[tuple[str, str, list[str], list[str], int], ...] = (
      ["--batches", "5", "--warmup", "5", "--window", "20", "--repeat", "1"], 900),
     ("peer", "benchmarks.peer_bench", ["--repeat", "3"],
      ["--repeat", "1", "--warmup", "5", "--window", "20", "--profile-s", "10"], 1200),
+    ("peer-1s", "benchmarks.peer_bench",
+     ["--repeat", "3", "--scrape-nvitop-s", "1", "--profile-s", "0",
+      "--out", "benchmarks/results/peer-1s"],
+     ["--repeat", "1", "--scrape-nvitop-s", "1", "--warmup", "5", "--window", "20",
+      "--profile-s", "0", "--out", "benchmarks/results/peer-1s"], 1200),
 )  # fmt: skip
 
 
