@@ -206,6 +206,26 @@ class Exporter:
         return self.proc.returncode
 
 
+def sidecar(
+    scenario: Path,
+    config: Path,
+    listen: str,
+    out: Path,
+    interval_s: float = 1.0,
+    env: dict[str, str] | None = None,
+) -> Exporter:
+    """Start ``gpumetrics serve`` (``config``, one ``listen`` address) on ``scenario``."""
+    return Exporter(
+        "gpumetrics",
+        sys.executable,
+        scenario,
+        ["gpumetrics", "serve", "--config", str(config), "--listen", listen,
+         "--collection-interval", f"{interval_s:g}", "--log-level", "warn"],
+        out,
+        env=env,
+    )  # fmt: skip
+
+
 class Scraper(threading.Thread):
     """Calls ``fn`` every ``period_s`` until stopped; records durations, bytes and failures."""
 
@@ -310,14 +330,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
          "--interval", str(args.interval)],
         out,
     )  # fmt: skip
-    ours = Exporter(
-        "gpumetrics",
-        sys.executable,
-        scenario,
-        ["gpumetrics", "serve", "--config", str(config), "--listen", f"127.0.0.1:{our_port}",
-         "--collection-interval", str(args.interval), "--log-level", "warn"],
-        out,
-    )  # fmt: skip
+    ours = sidecar(scenario, config, f"127.0.0.1:{our_port}", out, interval_s=args.interval)
     baseline = Exporter("simulator-alone", sys.executable, scenario, ["benchmarks.sim_idle"], out)
     ch = channel(f"127.0.0.1:{our_port}")
     consumer = PullConsumer(ch, "bench")

@@ -39,7 +39,7 @@ import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
 from benchmarks.harness import emit, machine, proc_cpu_s, proc_rss_bytes
-from benchmarks.peer_bench import Exporter, sidecar_config, training_node
+from benchmarks.peer_bench import sidecar, sidecar_config, training_node
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "collector" / "scripts" / "build-otelcol.sh"
@@ -124,14 +124,7 @@ def run(args: argparse.Namespace, collector: str) -> dict[str, Any]:
     scenario = training_node(args.gpus, args.processes_per_gpu, out / "scenario.yaml")
     config = sidecar_config(out / "gpumetrics.yaml")
     sock = out / "pull.sock"
-    sidecar = Exporter(
-        "gpumetrics",
-        sys.executable,
-        scenario,
-        ["gpumetrics", "serve", "--config", str(config), "--listen", f"unix:{sock}",
-         "--collection-interval", "1", "--log-level", "warn"],
-        out,
-    )  # fmt: skip
+    ours = sidecar(scenario, config, f"unix:{sock}", out)
     downstream = Downstream()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(downstream, server)
@@ -146,7 +139,7 @@ def run(args: argparse.Namespace, collector: str) -> dict[str, Any]:
     try:
         end = time.monotonic() + 90
         while not sock.exists():
-            if time.monotonic() > end or sidecar.proc.poll() is not None:
+            if time.monotonic() > end or ours.proc.poll() is not None:
                 raise RuntimeError(f"sidecar not listening; see {out / 'gpumetrics.log'}")
             time.sleep(0.2)
         col = subprocess.Popen(
@@ -161,9 +154,9 @@ def run(args: argparse.Namespace, collector: str) -> dict[str, Any]:
         with downstream.lock:
             first = len(downstream.exports)
         load0 = os.getloadavg()
-        c0, s0, t0 = proc_cpu_s(col.pid), proc_cpu_s(sidecar.proc.pid), time.monotonic()
+        c0, s0, t0 = proc_cpu_s(col.pid), proc_cpu_s(ours.proc.pid), time.monotonic()
         time.sleep(args.window)
-        c1, s1, t1 = proc_cpu_s(col.pid), proc_cpu_s(sidecar.proc.pid), time.monotonic()
+        c1, s1, t1 = proc_cpu_s(col.pid), proc_cpu_s(ours.proc.pid), time.monotonic()
         load1 = os.getloadavg()
         rss = proc_rss_bytes(col.pid)[0]
         with downstream.lock:
@@ -176,7 +169,7 @@ def run(args: argparse.Namespace, collector: str) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 col.kill()
         col_log.close()
-        sidecar.stop()
+        ours.stop()
         server.stop(0)
     scrapes = len(window)
     newest = [(e["arrived_ns"] - e["newest_ns"]) / 1e9 for e in window if e["points"]]

@@ -37,6 +37,7 @@ from benchmarks.peer_bench import (
     Exporter,
     Scraper,
     free_port,
+    sidecar,
     sidecar_config,
     training_node,
 )
@@ -106,15 +107,7 @@ def traced(warmup_s: float) -> dict[str, Any]:
     config = sidecar_config(out / "gpumetrics.yaml")
     port = free_port()
     trace = {"PYTHONTRACEMALLOC": "1"}
-    ours = Exporter(
-        "gpumetrics",
-        sys.executable,
-        scenario,
-        ["gpumetrics", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}",
-         "--collection-interval", "1", "--log-level", "warn"],
-        out,
-        env=trace,
-    )  # fmt: skip
+    ours = sidecar(scenario, config, f"127.0.0.1:{port}", out, env=trace)
     alone = Exporter("simulator-alone", sys.executable, scenario, ["benchmarks.sim_idle"], out,
                      env=trace)  # fmt: skip
     ch = channel(f"127.0.0.1:{port}")
