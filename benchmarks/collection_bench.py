@@ -145,14 +145,14 @@ def measure_scale(processes: int, batches: int, gpus: int = 8) -> dict[str, floa
     }
 
 
-def scale(batches: int) -> None:
+def scale(batches: int, sizes: tuple[int, ...] = SCALE) -> None:
     """Print the scale series (and its JSON result line)."""
     print(
         f"{'gpus':>4} {'procs/gpu':>9} {'procs':>6} {'cpu ms':>8} {'sim ms':>8} {'ours ms':>8} "
         f"{'collect':>8} {'batch/10':>8} {'points':>7} {'us/proc':>7}"
     )
     rows = []
-    for processes in SCALE:
+    for processes in sizes:
         r = measure_scale(processes, batches)
         print(
             f"{8:>4} {processes:>9} {8 * processes:>6} {r['cpu_ms']:>8.2f} {r['sim_ms']:>8.2f} "
@@ -170,9 +170,16 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=30)
     parser.add_argument("--scale", action="store_true", help="the scale series (docstring)")
     parser.add_argument("--batches", type=int, default=3, help="10 s batches per --scale row")
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=SCALE,
+        metavar="N,M",
+        help="processes per GPU of the --scale rows (default 64,256,512,2048)",
+    )
     args = parser.parse_args()
     if args.scale:
-        scale(args.batches)
+        scale(args.batches, args.sizes)
         return
     rows = []
     print(
