@@ -5,8 +5,8 @@ For 1 and 8 simulated H100s with 0, 64 and 512 processes *per GPU*, runs the rea
 reports, per steady-state cycle:
 
 - ``cpu ms``: process CPU time (all threads) of ``Collector.collect_once``;
-- ``sim ms``: the part of it spent inside the simulated driver's C functions (the simulator
-  accumulates it; on hardware this is libnvidia-ml's own cost instead);
+- ``sim ms``: the part of it spent inside the simulated driver's C functions (CPU time the
+  simulator accumulates, ``cpu_in_driver_s``; on hardware this is libnvidia-ml's own cost);
 - ``ours ms``: cpu - sim, the collector's own cost;
 - ``encode ms``: CPU of ``Producer.collect()`` turning that cycle into OTLP (the batcher's job);
 - ``calls``: NVML C calls per cycle (sizing and data calls counted separately, as the driver
@@ -16,7 +16,15 @@ PCIe's built-in 20 ms window is turned off (it would only advance simulated time
 hardware each PCIe read costs ~40 ms of wall time per GPU on its worker, every
 ``pcie_interval_s``.
 
-Run: ``python benchmarks/collection_bench.py [--cycles 30]``.
+``--scale`` runs the scale series instead (issue 18): 8 GPUs of the ``h100-8x-training``
+profile with 64, 256, 512 and 2048 processes *per GPU*, each process declared by a profiler
+(the realistic declarations of :mod:`benchmarks.workload`, so per-process identity goes through
+the real ``ProcessResourcer``), and per 1 s cycle the collector's CPU plus a tenth of one
+``Producer.collect()`` (the 10 s batch's identity and OTLP encoding, as the batcher runs it):
+``cpu ms`` = collect + batch / 10; ``sim ms`` the simulator's CPU
+(``SimDriver.cpu_in_driver_s``, both parts), ``ours`` the rest.
+
+Run: ``python benchmarks/collection_bench.py [--cycles 30] [--scale]``.
 """
 
 from __future__ import annotations
@@ -37,6 +45,10 @@ from gpumetrics.selftelemetry import Telemetry  # noqa: E402
 import nvmlsim as sim  # noqa: E402
 from benchmarks.harness import emit, machine, node_scenario  # noqa: E402
 from benchmarks.nvml_minimum import device_facts, minimum_calls  # noqa: E402
+from benchmarks.workload import sizing_node  # noqa: E402
+
+SCALE = (64, 256, 512, 2048)
+"""Processes per GPU of the scale series (8 GPUs)."""
 
 
 def scenario(gpus: int, processes: int) -> sim.Scenario:
@@ -82,7 +94,7 @@ def measure(gpus: int, processes: int, cycles: int) -> dict[str, float]:
         col.stop(5.0)
     finally:
         sim.uninstall()
-    sim_s = end["time_in_driver_s"] - start["time_in_driver_s"]
+    sim_s = end["cpu_in_driver_s"] - start["cpu_in_driver_s"]
     return {
         "cpu_ms": 1000 * cpu / cycles,
         "sim_ms": 1000 * sim_s / cycles,
@@ -94,11 +106,81 @@ def measure(gpus: int, processes: int, cycles: int) -> dict[str, float]:
     }
 
 
+def measure_scale(processes: int, batches: int, gpus: int = 8) -> dict[str, float]:
+    """Per 1 s cycle: collection plus a tenth of the batch, with identity (module docstring)."""
+    drv, col, prod = sizing_node(gpus, processes)
+    try:
+        for _ in range(3):  # warm-up: init, discovery, capability probing, first-read windows
+            col.collect_once()
+            drv.next_cycle()
+        prod.collect()
+        start = drv.stats()
+        collect = batch = 0.0
+        points = cycles = 0
+        for _ in range(batches):
+            for _ in range(10):
+                t0 = time.process_time()
+                points += col.collect_once().points
+                collect += time.process_time() - t0
+                cycles += 1
+                drv.next_cycle()
+            t0 = time.process_time()
+            prod.collect()
+            batch += time.process_time() - t0
+        end = drv.stats()
+        col.stop(5.0)
+    finally:
+        sim.uninstall()
+    sim_s = end["cpu_in_driver_s"] - start["cpu_in_driver_s"]
+    cpu = collect + batch
+    return {
+        "cpu_ms": 1000 * cpu / cycles,
+        "sim_ms": 1000 * sim_s / cycles,
+        "ours_ms": 1000 * (cpu - sim_s) / cycles,
+        "collect_ms": 1000 * collect / cycles,
+        "batch_ms_per_cycle": 1000 * batch / cycles,
+        "calls": (end["calls"] - start["calls"]) / cycles,
+        "points": points / cycles,
+        "us_per_process": 1e6 * cpu / cycles / (gpus * processes),
+    }
+
+
+def scale(batches: int, sizes: tuple[int, ...] = SCALE) -> None:
+    """Print the scale series (and its JSON result line)."""
+    print(
+        f"{'gpus':>4} {'procs/gpu':>9} {'procs':>6} {'cpu ms':>8} {'sim ms':>8} {'ours ms':>8} "
+        f"{'collect':>8} {'batch/10':>8} {'points':>7} {'us/proc':>7}"
+    )
+    rows = []
+    for processes in sizes:
+        r = measure_scale(processes, batches)
+        print(
+            f"{8:>4} {processes:>9} {8 * processes:>6} {r['cpu_ms']:>8.2f} {r['sim_ms']:>8.2f} "
+            f"{r['ours_ms']:>8.2f} {r['collect_ms']:>8.2f} {r['batch_ms_per_cycle']:>8.2f} "
+            f"{r['points']:>7.0f} {r['us_per_process']:>7.2f}",
+            flush=True,
+        )
+        rows.append({"gpus": 8, "processes_per_gpu": processes, **r})
+    emit("collection_scale", {"machine": machine(), "batches": batches, "rows": rows})
+
+
 def main() -> None:
     """Print the table (and the JSON result line for ``run_all.py``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=30)
+    parser.add_argument("--scale", action="store_true", help="the scale series (docstring)")
+    parser.add_argument("--batches", type=int, default=3, help="10 s batches per --scale row")
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=SCALE,
+        metavar="N,M",
+        help="processes per GPU of the --scale rows (default 64,256,512,2048)",
+    )
     args = parser.parse_args()
+    if args.scale:
+        scale(args.batches, args.sizes)
+        return
     rows = []
     print(
         f"{'gpus':>4} {'procs/gpu':>9} {'cpu ms':>8} {'sim ms':>8} {'ours ms':>8} "

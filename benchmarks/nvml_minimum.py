@@ -3,8 +3,11 @@
 Rule: **one read per metric source per device per cadence**. Each enabled GPU metric of
 ``gpumetrics/metrics/catalogue.yaml`` names its NVML source(s) in its ``nvml`` field; the table
 :data:`SOURCES` maps every such metric to the primary source(s) it needs and how many C calls
-one read of a source costs (a two-call function counts its sizing call and its data call, as
-the driver sees them; a list that turns out empty costs only the sizing call). Sources shared
+one read of a source costs, as the driver sees them: sample buffers and process lists cost one
+data call into the buffer kept from the device's first read, which NVML documents as enough
+when the buffer is large enough (``gpumetrics/nvml/records.py``), and a list that is empty its
+sizing call; per-process utilisation keeps its sizing and data call (one when nothing is
+sampled). Sources shared
 by several metrics (one ``nvmlDeviceGetMemoryInfo`` for usage, limit and utilisation) count
 once. Sources on a slow cadence (PCIe, ECC) count ``interval_s / cadence`` per cycle.
 Fallbacks (the utilisation/power snapshots read only when a sample buffer is empty, v1 calls on
@@ -56,7 +59,7 @@ _ENCODER = (Source("nvmlDeviceGetEncoderStats", 1),)
 
 SOURCES: dict[str, tuple[Source, ...]] = {
     "hw.gpu.utilization": (
-        Source("nvmlDeviceGetSamples", 2),  # GPU_UTILIZATION_SAMPLES: sizing + data
+        Source("nvmlDeviceGetSamples", 1),  # GPU_UTILIZATION_SAMPLES: the data call
         Source("nvmlDeviceGetEncoderUtilization", 1),
         Source("nvmlDeviceGetDecoderUtilization", 1),
     ),
@@ -64,7 +67,7 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     "hw.gpu.memory.limit": (Source("nvmlDeviceGetMemoryInfo", 1),),
     "hw.gpu.memory.utilization": (Source("nvmlDeviceGetMemoryInfo", 1),),
     "nvidia.gpu.memory.reserved": (Source("nvmlDeviceGetMemoryInfo", 1),),  # the same v2 read
-    "hw.power": (Source("nvmlDeviceGetSamples", 2),),  # TOTAL_POWER_SAMPLES
+    "hw.power": (Source("nvmlDeviceGetSamples", 1),),  # TOTAL_POWER_SAMPLES
     "hw.energy": (Source("nvmlDeviceGetTotalEnergyConsumption", 1),),
     "hw.temperature": (Source("nvmlDeviceGetTemperatureV", 1),),
     "hw.status": (),  # the device state machine: no call of its own
@@ -72,7 +75,7 @@ SOURCES: dict[str, tuple[Source, ...]] = {
         Source("nvmlDeviceGetTotalEccErrors", 2, cadence="errors"),
         Source("nvmlDeviceGetNvLinkErrorCounter", 4, cadence="errors", per="active_link"),
     ),
-    "nvidia.gpu.memory_copy.utilization": (Source("nvmlDeviceGetSamples", 2),),
+    "nvidia.gpu.memory_copy.utilization": (Source("nvmlDeviceGetSamples", 1),),
     "nvidia.gpu.power.limit": (Source("nvmlDeviceGetEnforcedPowerLimit", 1),),
     "nvidia.gpu.clock.speed": (Source("nvmlDeviceGetClockInfo", 4),),  # 4 domains
     "nvidia.gpu.clock.event_reason": (Source("nvmlDeviceGetCurrentClocksEventReasons", 1),),
@@ -112,8 +115,8 @@ SOURCES: dict[str, tuple[Source, ...]] = {
         Source("nvmlDeviceGetProcessUtilization", 2, calls_empty=1, per_process=True),
     ),
     "nvidia.gpu.process.memory.usage": (
-        # compute (sizing + data when non-empty), graphics and MPS (sizing only when empty)
-        Source("nvmlDeviceGetComputeRunningProcesses", 2, calls_empty=1, per_process=True),
+        # compute (the data call when non-empty), graphics and MPS (the sizing call: empty)
+        Source("nvmlDeviceGetComputeRunningProcesses", 1, per_process=True),
         Source("GraphicsRunningProcesses", 1, per_process=True),
         Source("MPSComputeRunningProcesses", 1, per_process=True),
     ),

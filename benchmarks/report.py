@@ -40,6 +40,9 @@ def _peer(r: dict[str, Any]) -> list[str]:
     ]
     for i, run in enumerate(r["runs"], 1):
         for name, e in run["exporters"].items():
+            if "cpu_s_per_min" not in e:
+                out.append(f"| {i} | {name} | | | | | | {e['rss_bytes'] / MIB:.1f} | |")
+                continue
             out.append(
                 f"| {i} | {name} | {e['cpu_s_per_min']:.2f} | {e['user_s_per_min']:.2f} | "
                 f"{e['system_s_per_min']:.2f} | {e['sim_s_per_min']:.2f} | "
@@ -50,7 +53,8 @@ def _peer(r: dict[str, Any]) -> list[str]:
     out.append(
         f"ours/theirs CPU: median **{r['ratio_cpu_median']:.3f}** (range "
         f"{r['ratio_cpu_range'][0]:.3f}-{r['ratio_cpu_range'][1]:.3f}); without the simulator's "
-        f"share {r['ratio_own_cpu_median']:.3f}; target <= 0.333."
+        f"share {r['ratio_own_cpu_median']:.3f}; target <= {r.get('target_ratio_cpu', 1 / 3):.3f}; "
+        f"{r.get('cadence', 'nvitop-exporter scraped every 1 s, gpumetrics pulled every 10 s')}."
     )
     last = r["runs"][-1]["exporters"]
     for name, e in last.items():
@@ -97,6 +101,7 @@ def _memory(r: dict[str, Any]) -> list[str]:
 RENDER = {
     "collection": _collection,
     "peer": _peer,
+    "peer-1s": _peer,
     "pull": _pull,
     "profiler": _profiler,
     "memory": _memory,

@@ -33,6 +33,8 @@ from benchmarks.report import markdown  # noqa: E402
 # name, module, arguments, quick arguments, time limit (s)
 BENCHMARKS: tuple[tuple[str, str, list[str], list[str], int], ...] = (
     ("collection", "benchmarks.collection_bench", ["--cycles", "30"], ["--cycles", "10"], 600),
+    ("collection-scale", "benchmarks.collection_bench", ["--scale"],
+     ["--scale", "--batches", "1"], 1200),
     ("sim_overhead", "benchmarks.sim_overhead_bench", [],
      ["--calls", "2000", "--cycles", "3"], 300),
     ("pull", "benchmarks.pull_bench", ["--repetitions", "20"], ["--repetitions", "5"], 300),
@@ -46,6 +48,13 @@ BENCHMARKS: tuple[tuple[str, str, list[str], list[str], int], ...] = (
      ["--batches", "5", "--warmup", "5", "--window", "20", "--repeat", "1"], 900),
     ("peer", "benchmarks.peer_bench", ["--repeat", "3"],
      ["--repeat", "1", "--warmup", "5", "--window", "20", "--profile-s", "10"], 1200),
+    ("rss", "benchmarks.rss_bench", [], ["--warmup", "15"], 300),
+    ("receiver", "benchmarks.receiver_bench", [], ["--warmup", "5", "--window", "30"], 1200),
+    ("peer-1s", "benchmarks.peer_bench",
+     ["--repeat", "3", "--scrape-nvitop-s", "1", "--profile-s", "0",
+      "--out", "benchmarks/results/peer-1s"],
+     ["--repeat", "1", "--scrape-nvitop-s", "1", "--warmup", "5", "--window", "20",
+      "--profile-s", "0", "--out", "benchmarks/results/peer-1s"], 1200),
 )  # fmt: skip
 
 

@@ -162,6 +162,8 @@ def test_call_counters_and_time_in_driver(simulate):
     assert drv.call_count("nvmlDeviceGetPowerUsage") == 4
     assert drv.calls[("nvmlInitWithFlags", None)] == 1
     assert drv.time_in_driver_s > 0
+    assert drv.cpu_in_driver_s > 0
     assert drv.stats()["calls"] == sum(drv.calls.values())
+    assert drv.stats()["cpu_in_driver_s"] == drv.cpu_in_driver_s
     drv.reset_calls()
     assert drv.calls == {}

@@ -203,6 +203,7 @@ def make_callback(drv: SimDriver, sym: Symbol) -> Any:
 
     def callback(*args: Any) -> Any:
         started = time.perf_counter_ns()
+        cpu_started = time.thread_time_ns()
         trace = _Trace()
         with drv.activity:
             drv.in_flight += 1
@@ -219,6 +220,7 @@ def make_callback(drv: SimDriver, sym: Symbol) -> Any:
                 if drv.watchers:
                     drv.activity.notify_all()
                 drv.driver_ns += time.perf_counter_ns() - started - trace.waited_ns
+                drv.driver_cpu_ns += time.thread_time_ns() - cpu_started
                 drv.wait_ns += trace.waited_ns
 
     return prototype(callback)

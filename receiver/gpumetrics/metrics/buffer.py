@@ -7,7 +7,7 @@ holds a metric the catalogue does not describe.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from gpumetrics.metrics.spec import MetricSpec, ValueType
@@ -45,20 +45,39 @@ class Point(NamedTuple):
     start_time_unix_nano: int = 0
 
 
+Rules = tuple[bool, bool, bool]
+"""What a metric's points must satisfy: ``(int only, ratio in [0, 1], cumulative sum)``."""
+
+
+def spec_rules(spec: MetricSpec) -> Rules:
+    """Return the :data:`Rules` of one metric's points, from its spec."""
+    return (spec.value_type is ValueType.INT, spec.ratio, spec.instrument.is_sum)
+
+
+def point_rules(specs: Mapping[str, MetricSpec]) -> dict[str, Rules]:
+    """Return the :data:`Rules` of every spec in ``specs`` (shared by a producer's buffers)."""
+    return {name: spec_rules(spec) for name, spec in specs.items()}
+
+
 class MetricBuffer:
     """Data points per metric name for one resource.
 
     Args:
         specs: the metric specs this buffer may hold (name → spec), normally the catalogue's.
+        rules: :func:`point_rules` of ``specs``, when the caller keeps them for many buffers
+            (a producer makes one buffer per process and batch); otherwise each metric's are
+            computed on its first use.
 
     """
 
     __slots__ = ("_specs", "_points", "_rules")
 
-    def __init__(self, specs: Mapping[str, MetricSpec]) -> None:
+    def __init__(
+        self, specs: Mapping[str, MetricSpec], rules: dict[str, Rules] | None = None
+    ) -> None:
         self._specs = specs
         self._points: dict[str, list[Point]] = {}
-        self._rules: dict[str, tuple[list[Point], bool, bool, bool]] = {}
+        self._rules = rules if rules is not None else {}
 
     def points(self, name: str) -> list[Point]:
         """Return the mutable point list of metric ``name``, created on first use.
@@ -86,8 +105,8 @@ class MetricBuffer:
 
         Checks, from the spec: the value type (int metrics take ``int``, double metrics take
         ``int | float``), finiteness, ratio metrics within [0, 1], a non-zero start time for Sum
-        metrics and a positive time. (This runs for every point, so the spec's rules are
-        looked up once per metric and buffer.)
+        metrics and a positive time. (The rules come from the specs once per producer:
+        :func:`point_rules`.)
 
         Raises:
             UnknownMetricError: ``name`` is not in the catalogue.
@@ -95,10 +114,7 @@ class MetricBuffer:
                 readings they know to be garbage before they get here; this is the last guard.
 
         """
-        rules = self._rules.get(name)
-        if rules is None:
-            rules = self._first_use(name)
-        pts, int_only, ratio, is_sum = rules
+        int_only, ratio, is_sum = self._rules_of(name)
         kind = type(value)
         if kind is float:
             if int_only:
@@ -116,20 +132,46 @@ class MetricBuffer:
         if is_sum and start_time_unix_nano <= 0:
             raise ValueError(f"{name}: cumulative sum point needs start_time_unix_nano")
         point = Point(value, time_unix_nano, attributes, start_time_unix_nano)
-        pts.append(point)
+        self.points(name).append(point)
         return point
 
-    def _first_use(self, name: str) -> tuple[list[Point], bool, bool, bool]:
-        spec = self._specs.get(name)
-        if spec is None:
-            raise UnknownMetricError(name)
-        rules = (
-            self.points(name),
-            spec.value_type is ValueType.INT,
-            spec.ratio,
-            spec.instrument.is_sum,
-        )
-        self._rules[name] = rules
+    def extend(self, name: str, points: Iterable[Point]) -> int:
+        """Validate and append ``points`` to metric ``name``; return how many were refused.
+
+        The rules of :meth:`add`, checked in one loop (a cycle commits whole point lists): a
+        point that breaks one is left out and counted, the others are kept in order.
+
+        Raises:
+            UnknownMetricError: ``name`` is not in the catalogue.
+
+        """
+        int_only, ratio, is_sum = self._rules_of(name)
+        pts = self.points(name)
+        refused = 0
+        for p in points:
+            value = p[0]
+            kind = type(value)
+            if (
+                (kind is int or (kind is float and not int_only and value - value == 0.0))
+                and (not ratio or 0.0 <= value <= 1.0)
+                and p[1] > 0
+                and (not is_sum or p[3] > 0)
+            ):
+                pts.append(p)
+                continue
+            try:  # not the common case: let add() decide (other number types) or refuse it
+                self.add(name, *p)
+            except ValueError:
+                refused += 1
+        return refused
+
+    def _rules_of(self, name: str) -> Rules:
+        rules = self._rules.get(name)
+        if rules is None:
+            spec = self._specs.get(name)
+            if spec is None:
+                raise UnknownMetricError(name)
+            rules = self._rules[name] = spec_rules(spec)
         return rules
 
     def items(self) -> Iterator[tuple[MetricSpec, list[Point]]]:

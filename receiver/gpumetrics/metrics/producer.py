@@ -19,7 +19,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from gpumetrics.metrics import names
 from gpumetrics.metrics.attribution import DeviceAttribution
-from gpumetrics.metrics.buffer import MetricBuffer
+from gpumetrics.metrics.buffer import MetricBuffer, point_rules
 from gpumetrics.metrics.encode import AttributeCache, encode_attributes, encode_metric
 from gpumetrics.metrics.spec import MetricSpec, Scope, catalogue
 
@@ -87,7 +87,8 @@ class Producer:
         self._telemetry = telemetry
         self._self_telemetry = self_telemetry
         self._lock = threading.Lock()
-        self._host = MetricBuffer(self._specs)
+        self._rules = point_rules(self._specs)
+        self._host = MetricBuffer(self._specs, self._rules)
         self._processes: dict[int, MetricBuffer] = {}
         self._resourcer: ProcessResourcer | None = None
         self._attribution: DeviceAttribution | None = None
@@ -131,13 +132,13 @@ class Producer:
         with self._lock:
             buf = self._processes.get(pid)
             if buf is None:
-                buf = self._processes[pid] = MetricBuffer(self._specs)
+                buf = self._processes[pid] = MetricBuffer(self._specs, self._rules)
             return fn(buf)
 
     def _drain(self) -> tuple[MetricBuffer, dict[int, MetricBuffer], ProcessResourcer | None]:
         with self._lock:
             host, procs = self._host, self._processes
-            self._host, self._processes = MetricBuffer(self._specs), {}
+            self._host, self._processes = MetricBuffer(self._specs, self._rules), {}
             return host, procs, self._resourcer
 
     def _encode_buffer(self, target: Any, buf: MetricBuffer, cache: AttributeCache) -> int:

@@ -27,12 +27,11 @@ worker pool reads to enforce the per-call deadline (F21).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gpumetrics.nvml.query import UNKNOWN_CODE, ErrorKind, QueryError, query
+from gpumetrics.nvml.query import NVML_FAILURES, UNKNOWN_CODE, ErrorKind, QueryError, classify
 from gpumetrics.selftelemetry import SelfTelemetry
 
 T = TypeVar("T")
@@ -40,6 +39,7 @@ T = TypeVar("T")
 NVML_ERRORS = "gpumetrics.nvml.errors"
 VALUES_DROPPED = "gpumetrics.values.dropped"
 
+_monotonic = time.monotonic
 _DISABLING = frozenset({ErrorKind.UNSUPPORTED, ErrorKind.FUNCTION_MISSING, ErrorKind.NO_PERMISSION})
 _TRANSIENT = frozenset({ErrorKind.INVALID, ErrorKind.TIMEOUT, ErrorKind.UNKNOWN})
 
@@ -84,7 +84,6 @@ class DeviceCalls:
         self._log = log
         self._disabled: dict[str, ErrorKind] = {}
         self._last: dict[str, str] = {}
-        self._flight_lock = threading.Lock()
         self._in_flight: tuple[str, float] | None = None
         self._unsupported: list[tuple[str, str, int]] = []
         self._notes: list[tuple[str, str]] = []
@@ -166,8 +165,7 @@ class DeviceCalls:
     @property
     def in_flight(self) -> tuple[str, float] | None:
         """``(function, start)`` of the call running now (start on ``time.monotonic``), or None."""
-        with self._flight_lock:
-            return self._in_flight
+        return self._in_flight
 
     # --- calls ------------------------------------------------------------------------
     def query(
@@ -209,22 +207,27 @@ class DeviceCalls:
             LibraryDown: on a lifecycle code.
 
         """
-        why = self._disabled.get(cap) or self._disabled.get(function)
-        if why is not None:
-            raise QueryError(function, why, None)
-        with self._flight_lock:
-            self._in_flight = (function, time.monotonic())
+        disabled = self._disabled
+        if disabled:
+            why = disabled.get(cap) or disabled.get(function)
+            if why is not None:
+                raise QueryError(function, why, None)
+        # One tuple assignment (atomic): the worker pool reads it from the coordinator thread.
+        self._in_flight = (function, _monotonic())
         try:
-            result = query(function, fn, *args, **kwargs)
-        except QueryError as err:
+            result = fn(*args, **kwargs)
+        except NVML_FAILURES as exc:
+            self._in_flight = None
+            err = classify(function, exc)
             if err.code not in retry_codes:
                 self._failed(cap, err, missing_level, fallback, unsupported_level)
+            raise err from exc
+        except BaseException:
+            self._in_flight = None
             raise
-        finally:
-            with self._flight_lock:
-                self._in_flight = None
+        self._in_flight = None
         self.answered += 1
-        if cap in self._last:
+        if self._last and cap in self._last:
             del self._last[cap]
             self._log.info("GPU %s: %s answers again", self.label, cap)
         return result

@@ -542,7 +542,7 @@ class Collector:
 
     def _commit(self, points: Points, now_ns: int) -> int:
         if self._events is not None and self._settings.wants(names.MetricGPUEvents):
-            points.host.extend(self._events.counter_points(self._all_devices(), now_ns))
+            self._events.counter_points(self._all_devices(), now_ns, points)
         return commit(self._producer, self._telemetry, self._devices, points, now_ns)
 
     def _publish_devices(self) -> None:

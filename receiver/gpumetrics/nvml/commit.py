@@ -1,23 +1,22 @@
 """Committing one cycle's points to the producer, and the per-cycle self-telemetry gauges.
 
 A cycle's points are gathered per device (see :mod:`gpumetrics.nvml.context`) and committed
-here in one ``record_host`` call plus one ``record_process`` call per pid, together with
-``hw.status`` for every device (every state, 1 for the current; semantic conventions
-``metric.hw.gpu.status``), and ``nvidia.gpu.k8s.allocation`` for every holder of a device (its
-annotation, :mod:`gpumetrics.metrics.attribution`). ``MetricBuffer.add`` is the last guard: a
-point it refuses is counted as ``gpumetrics.values.dropped{reason=invalid_point}`` instead of
-failing the cycle.
+here in one ``record_host`` call plus one ``record_process`` call per pid, as whole point lists
+(``MetricBuffer.extend``), together with ``hw.status`` for every device (every state, 1 for the
+current; semantic conventions ``metric.hw.gpu.status``), and ``nvidia.gpu.k8s.allocation`` for
+every holder of a device (its annotation, :mod:`gpumetrics.metrics.attribution`). The buffer's
+rules are the last guard: a point ``MetricBuffer.extend`` refuses is counted as
+``gpumetrics.values.dropped{reason=invalid_point}`` instead of failing the cycle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from gpumetrics.metrics import names
-from gpumetrics.metrics.buffer import MetricBuffer
+from gpumetrics.metrics.buffer import MetricBuffer, Point
 from gpumetrics.metrics.producer import Producer
-from gpumetrics.nvml.context import HostPoint, Points
+from gpumetrics.nvml.context import Points
 from gpumetrics.nvml.device import Device
 from gpumetrics.nvml.state import HealthState
 from gpumetrics.selftelemetry import SelfTelemetry
@@ -34,49 +33,37 @@ def with_instances(devices: Iterable[Device]) -> list[Device]:
     return out
 
 
-def status_points(devices: Iterable[Device], now_ns: int) -> list[HostPoint]:
-    """``hw.status{hw.type=gpu, hw.state}`` for every device and every state."""
-    out: list[HostPoint] = []
+def status_points(devices: Iterable[Device], now_ns: int, points: Points) -> None:
+    """Add ``hw.status{hw.type=gpu, hw.state}`` for every device and every state to ``points``."""
     for d in devices:
         attrs = d.attrs + _GPU_TYPE
         for state, value in d.health.status_values():
-            out.append(
-                (
-                    names.MetricStatus,
-                    value,
-                    now_ns,
-                    attrs + ((names.AttrHwState, state),),
-                    d.start_ns,
-                )
+            points.add(
+                names.MetricStatus, value, now_ns, attrs + ((names.AttrHwState, state),), d.start_ns
             )
-    return out
 
 
-def allocation_points(devices: Iterable[Device], now_ns: int) -> list[HostPoint]:
-    """``nvidia.gpu.k8s.allocation`` for every holder of every device (identity attributes)."""
-    return [
-        (names.MetricGPUK8sAllocation, value, now_ns, d.id_attrs + attrs, 0)
-        for d in devices
-        for attrs, value in d.annotation.allocations
-    ]
+def allocation_points(devices: Iterable[Device], now_ns: int, points: Points) -> None:
+    """Add ``nvidia.gpu.k8s.allocation`` for every holder of every device (identity attributes)."""
+    for d in devices:
+        for attrs, value in d.annotation.allocations:
+            points.add(names.MetricGPUK8sAllocation, value, now_ns, d.id_attrs + attrs, 0)
 
 
 class _Adder:
-    """Adds rows to a buffer, counting the points the model refuses."""
+    """Appends a cycle's point lists to buffers, counting the points the model refuses."""
 
     def __init__(self) -> None:
         self.refused = 0
+        self.added = 0
 
-    def rows(self, rows: list[Any]) -> Callable[[MetricBuffer], int]:
-        def add(buf: MetricBuffer) -> int:
-            n = 0
-            for metric, value, t, attrs, start in rows:
-                try:
-                    buf.add(metric, value, t, attrs, start)
-                    n += 1
-                except ValueError:
-                    self.refused += 1
-            return n
+    def lists(self, *groups: dict[str, list[Point]]) -> Callable[[MetricBuffer], None]:
+        def add(buf: MetricBuffer) -> None:
+            for group in groups:
+                for metric, pts in group.items():
+                    refused = buf.extend(metric, pts)
+                    self.refused += refused
+                    self.added += len(pts) - refused
 
         return add
 
@@ -90,22 +77,17 @@ def commit(
 ) -> int:
     """Record ``points`` and ``hw.status`` of ``devices`` into ``producer``; return the count."""
     all_devices = with_instances(devices)
-    by_pid: dict[int, list[Any]] = {}
-    for p in points.processes:
-        by_pid.setdefault(p[0], []).append(p[1:])
+    first = Points()  # hw.status and allocations lead the host resource, as they always did
+    status_points(all_devices, now_ns, first)
+    allocation_points(all_devices, now_ns, first)
     adder = _Adder()
-    host = [
-        *status_points(all_devices, now_ns),
-        *allocation_points(all_devices, now_ns),
-        *points.host,
-    ]
-    n = producer.record_host(adder.rows(host))
-    for pid, rows in by_pid.items():
-        n += producer.record_process(pid, adder.rows(rows))
+    producer.record_host(adder.lists(first.host, points.host))
+    for pid, by_metric in points.processes.items():
+        producer.record_process(pid, adder.lists(by_metric))
     if adder.refused:
         telemetry.add("gpumetrics.values.dropped", adder.refused, {"reason": "invalid_point"})
     publish_devices(telemetry, all_devices)
-    return n
+    return adder.added
 
 
 def publish_devices(telemetry: SelfTelemetry, devices: Iterable[Device]) -> None:

@@ -36,6 +36,7 @@ from gpumetrics.nvml.calls import DeviceCalls, DeviceLost
 from gpumetrics.nvml.context import Context
 from gpumetrics.nvml.library import PROBED_SYMBOLS
 from gpumetrics.nvml.query import ErrorKind, QueryError
+from gpumetrics.nvml.records import Buffers
 from gpumetrics.nvml.samples import Cursors
 from gpumetrics.nvml.state import Backoff, DeviceHealth
 
@@ -86,6 +87,7 @@ class Device:
             :func:`annotate`).
         start_ns: when the device was first seen (start of its UpDownCounter series).
         cursors: sample-buffer cursors, in the driver's clock domain.
+        records: the kept buffers of the multi-record calls (:mod:`gpumetrics.nvml.records`).
         memory_total_bytes: the last memory total read (validates per-process memory).
         state: per-reader state (counter trackers, cadence marks, chosen call versions).
 
@@ -106,6 +108,7 @@ class Device:
     id_attrs: Attributes = ()
     annotation: DeviceAnnotation = NO_ANNOTATION
     cursors: Cursors = field(default_factory=Cursors)
+    records: Buffers = field(default_factory=Buffers)
     memory_total_bytes: int | None = None
     state: dict[str, Any] = field(default_factory=dict)
 

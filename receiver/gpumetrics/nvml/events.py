@@ -54,7 +54,7 @@ import pynvml
 from gpumetrics.events import INSTANCE_ID_ANY, EventSettings, EventSink, GpuEvent, event_catalogue
 from gpumetrics.metrics import names
 from gpumetrics.nvml.calls import DeviceCalls, DeviceLost, LibraryDown
-from gpumetrics.nvml.context import HostPoint
+from gpumetrics.nvml.context import Points
 from gpumetrics.nvml.device import Device
 from gpumetrics.nvml.query import (
     GPU_LOST_CODES,
@@ -228,21 +228,17 @@ class EventListener:
             return not thread.is_alive()
         return True
 
-    def counter_points(self, devices: Iterable[Device], now_ns: int) -> list[HostPoint]:
-        """``nvidia.gpu.events`` points of ``devices`` (GPUs and MIG instances) for this cycle."""
-        out: list[HostPoint] = []
+    def counter_points(self, devices: Iterable[Device], now_ns: int, points: Points) -> None:
+        """Add the ``nvidia.gpu.events`` points of ``devices`` (GPUs and MIG instances)."""
         for d in devices:
             for total in self._sink.totals(d.uuid):
-                out.append(
-                    (
-                        names.MetricGPUEvents,
-                        total.value,
-                        now_ns,
-                        d.attrs + total.attributes,
-                        total.start_ns,
-                    )
+                points.add(
+                    names.MetricGPUEvents,
+                    total.value,
+                    now_ns,
+                    d.attrs + total.attributes,
+                    total.start_ns,
                 )
-        return out
 
     # -- the listener thread -----------------------------------------------------------------------
     def _run(self) -> None:

@@ -3,8 +3,10 @@
 **Which symbol.** For each list the newest symbol the driver exports is used, decided from the
 symbols probed at init, never from the version number (F04, F05): ``…RunningProcesses_v3``
 (24-byte records with MIG ids), else ``_v2`` (same layout), else the unversioned v1 symbol,
-read here with its own 16-byte struct (``pid`` u32, ``usedGpuMemory`` u64; MIG ids absent), since
+read with its own 16-byte record (``pid`` u32, ``usedGpuMemory`` u64; MIG ids absent), since
 nvidia-ml-py 13.x has no v1 wrapper and its unversioned wrapper calls ``_v3`` (F02, F04 on 440).
+Every list is read with one C call into a kept buffer once its size is known
+(:mod:`gpumetrics.nvml.records`).
 A symbol that answers FUNCTION_NOT_FOUND at run time (or ``NVMLLibraryMismatchError``) is
 disabled and the next older one is tried in the same tick. A driver without any of them gives
 no process metrics and one WARNING naming the missing symbols. A list that answers
@@ -32,20 +34,25 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pynvml
 
 from gpumetrics.metrics import names
+from gpumetrics.metrics.buffer import Attributes, Point
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.convert import U32_NA, U64_NA
 from gpumetrics.nvml.device import MAX_MIG_ID, Device
 from gpumetrics.nvml.query import ErrorKind, QueryError, binding
+from gpumetrics.nvml.records import PROCESS_V2, layout, running_processes
 
 LISTS = ("Compute", "Graphics", "MPSCompute")
 INSUFFICIENT_SIZE = frozenset({pynvml.NVML_ERROR_INSUFFICIENT_SIZE})
+_new = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,39 +78,26 @@ class _ProcessInfoV1(ctypes.Structure):
     _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
 
 
-def v1_running_processes(symbol: str, handle: Any) -> list[Any]:
-    """Call an unversioned (v1) process-list symbol with the 16-byte v1 struct.
-
-    The same two-call pattern as nvidia-ml-py's wrappers (NULL buffer to size, then
-    ``2n + 5`` records), through the binding's own symbol lookup.
-
-    Raises:
-        pynvml.NVMLError: any non-success answer (INSUFFICIENT_SIZE included).
-
-    """
-    fn = pynvml._nvmlGetFunctionPointer(symbol)
-    count = ctypes.c_uint(0)
-    ret = fn(handle, ctypes.byref(count), None)
-    if ret == pynvml.NVML_SUCCESS:
-        return []
-    if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
-        raise pynvml.NVMLError(ret)
-    count.value = count.value * 2 + 5
-    records = (_ProcessInfoV1 * count.value)()
-    ret = fn(handle, ctypes.byref(count), records)
-    if ret != pynvml.NVML_SUCCESS:
-        raise pynvml.NVMLError(ret)
-    return [records[i] for i in range(count.value)]
+PROCESS_V1 = layout(_ProcessInfoV1)
+"""The records of the unversioned (v1) symbols, which nvidia-ml-py 13.x has no wrapper for."""
 
 
 def _symbols(kind: str) -> tuple[tuple[str, Callable[..., Any] | None], ...]:
+    """Return the list's symbols, newest first, each with its reader (None: not in the binding)."""
     base = f"nvmlDeviceGet{kind}RunningProcesses"
-    v1: Callable[..., Any] = lambda handle, _s=base: v1_running_processes(_s, handle)  # noqa: E731
     return (
-        (f"{base}_v3", binding(f"{base}_v3")),
-        (f"{base}_v2", binding(f"{base}_v2")),
-        (base, v1),
+        (f"{base}_v3", _reader(f"{base}_v3", PROCESS_V2)),
+        (f"{base}_v2", _reader(f"{base}_v2", PROCESS_V2)),
+        (base, partial(running_processes, base, record=PROCESS_V1)),
     )
+
+
+def _reader(symbol: str, record: struct.Struct) -> Callable[..., Any] | None:
+    # the binding's wrapper must exist (the versions it knows), though the call goes to the
+    # C symbol directly with a kept buffer (gpumetrics.nvml.records)
+    if binding(symbol) is None:
+        return None
+    return partial(running_processes, symbol, record=record)
 
 
 _SYMBOLS = {kind: _symbols(kind) for kind in LISTS}
@@ -123,15 +117,14 @@ def _read_list(dev: Device, tick: Tick, kind: str) -> list[Any] | None:
             continue
         for _ in range(attempts):
             try:
-                return list(
-                    c.query(
-                        symbol,
-                        symbol,
-                        fn,
-                        dev.handle,
-                        missing_level=logging.DEBUG,
-                        retry_codes=INSUFFICIENT_SIZE,
-                    )
+                return c.query(
+                    symbol,
+                    symbol,
+                    fn,
+                    dev.handle,
+                    dev.records,
+                    missing_level=logging.DEBUG,
+                    retry_codes=INSUFFICIENT_SIZE,
                 )
             except QueryError as err:
                 if err.code in INSUFFICIENT_SIZE:
@@ -167,22 +160,23 @@ def _read_list(dev: Device, tick: Tick, kind: str) -> list[Any] | None:
     return None
 
 
-def _entry(raw: Any, pid_max: int, total: int | None) -> ProcessEntry | None:
-    pid = int(raw.pid)
-    mem = getattr(raw, "usedGpuMemory", None)
-    mem = None if mem is None or mem == U64_NA else int(mem)
-    gi = getattr(raw, "gpuInstanceId", None)
-    ci = getattr(raw, "computeInstanceId", None)
+def _entry(raw: tuple[Any, ...], pid_max: int, total: int | None) -> ProcessEntry | None:
+    """Validate one record ``(pid, usedGpuMemory[, gpuInstanceId, computeInstanceId])``."""
+    pid, mem = raw[0], raw[1]
+    if mem == U64_NA:
+        mem = None
     if not 1 <= pid <= pid_max:
         return None
     if mem is not None and total is not None and mem > total:
         return None
+    if len(raw) < 4:  # a v1 record: no MIG ids
+        return ProcessEntry(pid, mem, None, None)
     ids: list[int | None] = []
-    for v in (gi, ci):
-        if v is None or int(v) == U32_NA:
+    for v in raw[2:4]:
+        if v == U32_NA:
             ids.append(None)
-        elif 0 <= int(v) < MAX_MIG_ID:
-            ids.append(int(v))
+        elif 0 <= v < MAX_MIG_ID:
+            ids.append(v)
         else:
             return None
     return ProcessEntry(pid, mem, ids[0], ids[1])
@@ -218,7 +212,7 @@ def read_processes(dev: Device, tick: Tick) -> dict[int, ProcessEntry] | None:
                     "process-info struct mismatch; dropping this device's process lists",
                     dev.uuid,
                     kind,
-                    getattr(r, "pid", "?"),
+                    r[0],
                     tick.ctx.session.driver_version,
                 )
                 dev.state["mismatch_logged"] = True
@@ -239,20 +233,30 @@ def collect_process_memory(dev: Device, tick: Tick, entries: dict[int, ProcessEn
     starts: dict[int, int] = dev.state.setdefault("process_start", {})
     for pid in [p for p in starts if p not in entries]:
         del starts[pid]
+    now = tick.now_ns
+    if not tick.wants(names.MetricProcessMemoryUsage):
+        for pid in entries:
+            starts.setdefault(pid, now)
+        return
+    metric = names.MetricProcessMemoryUsage
+    by_ids: dict[tuple[int | None, int | None], Attributes] = {}  # one tuple per MIG id pair
+    points = tick.points
     for pid, e in entries.items():
-        start = starts.setdefault(pid, tick.now_ns)
-        if e.used_bytes is None or not tick.wants(names.MetricProcessMemoryUsage):
+        start = starts.setdefault(pid, now)
+        if e.used_bytes is None:
             continue
-        attrs = dict(dev.id_attrs)
-        if e.gpu_instance_id is not None:
-            attrs.setdefault(names.AttrMIGGPUInstanceID, e.gpu_instance_id)
-        if e.compute_instance_id is not None:
-            attrs.setdefault(names.AttrMIGComputeInstanceID, e.compute_instance_id)
-        tick.points.add_process(
-            pid,
-            names.MetricProcessMemoryUsage,
-            e.used_bytes,
-            tick.now_ns,
-            tuple(attrs.items()),
-            start,
-        )
+        ids = (e.gpu_instance_id, e.compute_instance_id)
+        attrs = by_ids.get(ids)
+        if attrs is None:
+            attrs = by_ids[ids] = _process_attrs(dev, *ids)
+        points.process_list(pid, metric).append(_new(Point, (e.used_bytes, now, attrs, start)))
+
+
+def _process_attrs(dev: Device, gi: int | None, ci: int | None) -> Attributes:
+    """Return the device's identity attributes with the MIG ids a process record carries."""
+    attrs = dict(dev.id_attrs)
+    if gi is not None:
+        attrs.setdefault(names.AttrMIGGPUInstanceID, gi)
+    if ci is not None:
+        attrs.setdefault(names.AttrMIGComputeInstanceID, ci)
+    return tuple(attrs.items())

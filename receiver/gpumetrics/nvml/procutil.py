@@ -43,7 +43,8 @@ from typing import Any
 import pynvml
 
 from gpumetrics.metrics import names
-from gpumetrics.nvml import convert
+from gpumetrics.metrics.buffer import Point
+from gpumetrics.nvml import convert, records
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.device import Device
 from gpumetrics.nvml.query import ErrorKind, QueryError, binding
@@ -58,6 +59,9 @@ _TASKS = (
     ("decUtil", names.MetricProcessUtilization, ((names.AttrHwGPUTask, names.GPUTaskDecoder),)),
     ("memUtil", names.MetricProcessMemoryCopyUtilization, ()),
 )
+"""Sample fields in the order of :attr:`ProcessSamples.kept` values, their metric and attributes."""
+_READERS = {NEW: records.processes_utilization_info, OLD: records.process_utilization}
+_new = tuple.__new__
 
 
 @dataclass
@@ -78,14 +82,22 @@ def _read(dev: Device, tick: Tick) -> tuple[str, list[Any]] | None:
     c = dev.calls
     cursor = dev.cursors.get(CURSOR)
     for function in (NEW, OLD):
-        fn = binding(function)
-        if fn is None or not c.enabled(function):
+        # the binding's wrapper must exist (as before), though the call goes to the C symbol
+        # directly with a kept buffer (gpumetrics.nvml.records)
+        if binding(function) is None or not c.enabled(function):
             continue
+        fn = _READERS[function]
         last: QueryError | None = None
         for _ in range(tick.ctx.settings.insufficient_size_attempts):
             try:
-                return function, list(
-                    c.query(function, function, fn, dev.handle, cursor, retry_codes=_INSUFFICIENT)
+                return function, c.query(
+                    function,
+                    function,
+                    fn,
+                    dev.handle,
+                    cursor,
+                    dev.records,
+                    retry_codes=_INSUFFICIENT,
                 )
             except QueryError as err:
                 if err.code in _INSUFFICIENT:
@@ -122,19 +134,19 @@ def read_process_utilization(dev: Device, tick: Tick) -> ProcessSamples | None:
     newest = None
     pid_max = tick.ctx.pid_max
     out = ProcessSamples()
-    for s in samples:
-        ts = int(s.timeStamp)
-        newest = ts if newest is None else max(newest, ts)
-        pid = int(s.pid)
-        out.sampled.add(pid)
+    kept, sampled = out.kept, out.sampled
+    for pid, ts, sm, mem, enc, dec in samples:
+        if newest is None or ts > newest:
+            newest = ts
+        sampled.add(pid)
         if not 1 <= pid <= pid_max:
             dev.calls.drop(function, "invalid_pid", detail=str(pid))
             continue
-        values = [int(getattr(s, field)) for field, _, _ in _TASKS]
-        if any(not 0 <= v <= 100 for v in values):
+        if sm > 100 or enc > 100 or dec > 100 or mem > 100:  # unsigned: never below 0
+            values = [sm, enc, dec, mem]
             dev.calls.drop(function, convert.OUT_OF_RANGE, detail=f"pid {pid}: {values}")
             continue
-        out.kept.append((pid, ts, values))
+        kept.append((pid, ts, [sm, enc, dec, mem]))
     dev.cursors.advance(CURSOR, newest)
     return out
 
@@ -153,19 +165,27 @@ def collect_process_utilization(
             no process is known to be idle.
 
     """
+    # the tasks collected, each with its metric and the attribute tuple all its points share
+    tasks = [
+        (i, metric, dev.id_attrs + extra)
+        for i, (_, metric, extra) in enumerate(_TASKS)
+        if tick.wants(metric)
+    ]
+    if not tasks:
+        return
+    points, to_unix_ns = tick.points, tick.ctx.timebase.to_unix_ns
     for pid, ts, values in samples.kept:
         if live_pids is not None and pid not in live_pids:
             continue
-        time_ns = tick.ctx.timebase.to_unix_ns(ts)
-        for (_, metric, extra), value in zip(_TASKS, values, strict=True):
-            ratio, _ = convert.percent_to_ratio(value)  # validated above: never None here
-            if ratio is not None and tick.wants(metric):
-                tick.points.add_process(pid, metric, ratio, time_ns, dev.id_attrs + extra)
+        time_ns = to_unix_ns(ts)
+        for i, metric, attrs in tasks:  # percentages validated (0-100) by the reader
+            ratio = values[i] / 100.0
+            points.process_list(pid, metric).append(_new(Point, (ratio, time_ns, attrs, 0)))
     if live_pids is None:
         return
+    now = tick.now_ns
     for pid in live_pids:
         if pid in samples.sampled:
             continue
-        for _, metric, extra in _TASKS:  # running, no sample: idle in the whole window (F27)
-            if tick.wants(metric):
-                tick.points.add_process(pid, metric, 0.0, tick.now_ns, dev.id_attrs + extra)
+        for _, metric, attrs in tasks:  # running, no sample: idle in the whole window (F27)
+            points.process_list(pid, metric).append(_new(Point, (0.0, now, attrs, 0)))

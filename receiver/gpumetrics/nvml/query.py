@@ -160,6 +160,10 @@ def classify(function: str, exc: BaseException) -> QueryError:
     raise TypeError(f"{function}: not an NVML failure: {exc!r}")
 
 
+NVML_FAILURES = (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError, UnicodeDecodeError)
+"""The exceptions an nvidia-ml-py call raises for an NVML failure (:func:`classify` maps them)."""
+
+
 def query(function: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call ``fn(*args, **kwargs)`` (an nvidia-ml-py wrapper) and classify any NVML failure.
 
@@ -180,7 +184,7 @@ def query(function: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """
     try:
         return fn(*args, **kwargs)
-    except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError, UnicodeDecodeError) as exc:
+    except NVML_FAILURES as exc:
         raise classify(function, exc) from exc
 
 

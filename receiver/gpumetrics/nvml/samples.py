@@ -29,7 +29,9 @@ from typing import Any
 
 import pynvml
 
+from gpumetrics.nvml import records
 from gpumetrics.nvml.query import ErrorKind, QueryError
+from gpumetrics.nvml.records import Buffers
 
 EPOCH_THRESHOLD_US = 1_000_000_000_000_000
 """Timestamps (µs) at or above this are Unix-epoch; below, µs since boot (≈31.7 years)."""
@@ -46,6 +48,8 @@ _MEMBER_BY_TYPE: dict[int, str] = {
     pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
 }
+
+FUNCTION = "nvmlDeviceGetSamples"
 
 # Sampling types (NVML_*_SAMPLES) the collector reads.
 TOTAL_POWER = pynvml.NVML_TOTAL_POWER_SAMPLES
@@ -138,20 +142,35 @@ def decode_samples(value_type: int, raw: list[Any], timebase: TimeBase, now_ns: 
 
     Samples are sorted by driver timestamp; each keeps its own (converted) timestamp.
     """
+    pairs = [(int(s.timeStamp), decode_value(value_type, s.sampleValue)) for s in raw]
+    return decode_pairs(pairs, timebase, now_ns)
+
+
+def decode_pairs(
+    pairs: list[tuple[int, int | float | None]], timebase: TimeBase, now_ns: int
+) -> Decoded:
+    """Decode ``(driver timestamp µs, value)`` pairs (value None: an unknown value type).
+
+    Samples are sorted by driver timestamp; each keeps its own (converted) timestamp.
+    """
     out = Decoded([], None)
-    for s in sorted(raw, key=lambda s: int(s.timeStamp)):
-        ts = int(s.timeStamp)
-        out.newest_us = ts if out.newest_us is None else max(out.newest_us, ts)
-        value = decode_value(value_type, s.sampleValue)
+    limit = now_ns + FUTURE_SLACK_NS
+    for ts, value in sorted(pairs, key=_first):
+        if out.newest_us is None or ts > out.newest_us:
+            out.newest_us = ts
         if value is None:
             out.unknown_type += 1
             continue
         unix_ns = timebase.to_unix_ns(ts)
-        if unix_ns > now_ns + FUTURE_SLACK_NS:
+        if unix_ns > limit:
             out.future += 1
             continue
         out.samples.append(Sample(ts, unix_ns, value))
     return out
+
+
+def _first(pair: tuple[int, Any]) -> int:
+    return pair[0]
 
 
 class Cursors:
@@ -182,6 +201,7 @@ def read_samples(
     timebase: TimeBase,
     now_ns: int,
     first_window_ns: int,
+    buffers: Buffers,
 ) -> list[Sample] | None:
     """Read the samples of one type newer than its cursor and advance the cursor.
 
@@ -195,6 +215,8 @@ def read_samples(
         first_window_ns: on the first read (cursor 0, which returns the whole driver buffer),
             only samples from the last ``first_window_ns`` are kept: older ones predate the
             collector and would arrive as one burst of history.
+        buffers: the device's kept buffers (one C call per read once the size is known,
+            :mod:`gpumetrics.nvml.records`).
 
     Returns:
         The decoded samples (oldest first; possibly empty after drops), an empty list when the
@@ -207,26 +229,22 @@ def read_samples(
 
     """
     cap = f"nvmlDeviceGetSamples:{sampling_type}"
-    if not calls.enabled(cap) or not calls.enabled("nvmlDeviceGetSamples"):
+    if not calls.enabled(cap) or not calls.enabled(FUNCTION):
         return None
+    cursor = cursors.get(sampling_type)
     try:
-        value_type, raw = calls.query(
-            cap,
-            "nvmlDeviceGetSamples",
-            pynvml.nvmlDeviceGetSamples,
-            handle,
-            sampling_type,
-            cursors.get(sampling_type),
+        _, pairs = calls.query(
+            cap, FUNCTION, records.samples, handle, sampling_type, cursor, buffers
         )
     except QueryError as err:
         return [] if err.kind is ErrorKind.NOT_FOUND else None
-    first = cursors.get(sampling_type) == 0
-    decoded = decode_samples(value_type, raw, timebase, now_ns)
+    first = cursor == 0
+    decoded = decode_pairs(pairs, timebase, now_ns)
     cursors.advance(sampling_type, decoded.newest_us)
     if decoded.unknown_type:
-        calls.drop("nvmlDeviceGetSamples", "unknown_value_type", decoded.unknown_type)
+        calls.drop(FUNCTION, "unknown_value_type", decoded.unknown_type)
     if decoded.future:
-        calls.drop("nvmlDeviceGetSamples", "timestamp_out_of_range", decoded.future)
+        calls.drop(FUNCTION, "timestamp_out_of_range", decoded.future)
     if first:
         return [s for s in decoded.samples if s.time_unix_nano > now_ns - first_window_ns]
     return decoded.samples

@@ -128,4 +128,7 @@ class CollectionSettings(BaseModel):
         off = self.off_metrics
         if not off:  # asked a few hundred times per cycle
             return True
-        return any(m not in off for m in metrics)
+        for m in metrics:
+            if m not in off:
+                return True
+        return False

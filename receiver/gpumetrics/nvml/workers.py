@@ -1,8 +1,9 @@
-"""One worker thread per device, so a slow or hung device never stalls the others (F21).
+"""Device jobs on worker threads, so a slow or hung device never stalls the others (F21).
 
 NVML calls cannot be interrupted from Python: a thread inside a hung driver call stays there.
-So each device gets its own long-lived worker thread, and the tick coordinator only *waits* for
-results, up to two deadlines measured on ``time.monotonic`` (real time):
+So the tick coordinator never runs a device's NVML calls itself: worker threads do, and the
+coordinator only *waits* for results, up to two deadlines measured on ``time.monotonic`` (real
+time):
 
 - the **per-call deadline** (``call_timeout_s``): a job whose current NVML call has run longer
   is abandoned for this tick;
@@ -16,30 +17,34 @@ a slow first cycle), which says nothing about the GPU. Its readings are dropped 
 abandoned job's, but the collector leaves the device's health as it was. A call that passes its
 per-call deadline later, while its worker is still busy, is reported ``TIMED_OUT`` then, once.
 
-Jobs start **one after another**: each job gets ``stagger_s`` (10 ms) alone before the next
-device's job starts, and a job that finishes sooner (the normal case: a device's tick is a few
-hundred microseconds of NVML calls) lets the next start at once. Python threads share one
-interpreter lock, and eight device jobs running at once spent more CPU contending for it than
-on the work (measured: 14 ms against 6 ms of CPU per 8-GPU cycle). A slow or hung job only
-delays the others by ``stagger_s``; after that they run beside it. Staggering stops after a
-quarter of the cycle deadline, so the last devices of a short cycle are not starved of time.
+Jobs run **one after another on one worker**: the tick's jobs are queued in device order and a
+worker takes the next as soon as it finished the last, without waking the coordinator in
+between (a normal tick is one wake-up to start and one at the end, not two thread hand-overs
+per device). Python threads share one interpreter lock: eight device jobs running at once spent
+more CPU contending for it than on the work (measured: 14 ms against 6 ms of CPU per 8-GPU
+cycle), and one worker thread per device still cost two hand-overs per device per tick. Each
+job gets ``stagger_s`` (10 ms) alone: when the running job has not finished by then (a slow or
+hung GPU), another worker takes the next job, so a slow or hung job delays the others by
+``stagger_s`` only and then they run beside it. Staggering stops after a quarter of the cycle
+deadline (the rest start at once), so the last devices of a short cycle are not starved of
+time. Workers are not tied to devices; one idle worker is kept between ticks, further ones end.
 
 An abandoned job keeps running on its worker; its result is discarded when it eventually
 returns, and until then the device is reported ``busy`` and gets no new job (no pile-up behind
 a hung call). :meth:`WorkerPool.close` stops and joins every worker; it reports whether all of
 them stopped, so the collector knows whether ``nvmlShutdown`` is safe (F22); workers that did
-not stop are joined again by the next :meth:`WorkerPool.close`.
+not stop (inside a hung call) end when it returns and are joined again by the next
+:meth:`WorkerPool.close`.
 """
 
 from __future__ import annotations
 
 import enum
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 
@@ -89,47 +94,20 @@ class Job:
     in_flight: Callable[[], tuple[str, float] | None]
 
 
-class _Worker:
-    def __init__(self, name: str, done: threading.Condition) -> None:
-        self._jobs: queue.SimpleQueue[tuple[int, Job] | None] = queue.SimpleQueue()
-        self._done = done
-        self.ticket = 0
-        self.result: tuple[int, Outcome] | None = None
-        self.job: Job | None = None
-        self.busy = False
-        self.reported: tuple[str, float] | None = None
-        """The in-flight call last reported TIMED_OUT (so a hung call is reported once)."""
+class _Runner:
+    """One worker thread; it runs the current tick's queued jobs one after another."""
+
+    __slots__ = ("thread", "stop")
+
+    def __init__(self, pool: WorkerPool, n: int) -> None:
+        self.stop = False
         self.thread = threading.Thread(
-            target=self._loop, name=f"gpumetrics-nvml-{name}", daemon=True
+            target=pool._serve, args=(self,), name=f"gpumetrics-nvml-worker-{n}", daemon=True
         )
-        self.thread.start()
-
-    def submit(self, ticket: int, job: Job) -> None:
-        self.busy = True
-        self.job = job
-        self._jobs.put((ticket, job))
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-
-    def _loop(self) -> None:
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            ticket, job = item
-            try:
-                outcome = Outcome(Status.DONE, result=job.run())
-            except BaseException as exc:  # noqa: BLE001 - delivered to the coordinator
-                outcome = Outcome(Status.FAILED, error=exc)
-            with self._done:
-                self.result = (ticket, outcome)
-                self.busy = False
-                self._done.notify_all()
 
 
 class WorkerPool:
-    """Long-lived worker threads keyed by device.
+    """Worker threads that run device jobs, and the two deadlines (see the module docstring).
 
     Args:
         call_timeout_s: per-call deadline (s).
@@ -140,13 +118,78 @@ class WorkerPool:
     def __init__(self, call_timeout_s: float, stagger_s: float = 0.01) -> None:
         self._call_timeout = call_timeout_s
         self._stagger = stagger_s
-        self._done = threading.Condition()
-        self._workers: dict[str, _Worker] = {}
-        self._stopping: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)  # runners wait here for jobs
+        self._done = threading.Condition(self._lock)  # the coordinator and wait_idle wait here
+        self._runners: list[_Runner] = []
+        self._idle = 0  # runners waiting for work and not yet called
+        self._called = 0  # runners called (woken or started) that have not taken a job yet
+        self._started = 0  # runner threads ever started (names)
+        self._closing = False
         self._ticket = 0
+        self._queue: deque[tuple[str, Job]] = deque()  # this tick's jobs not started yet
+        self._open = 0  # this tick's jobs not finished yet (queued or running)
+        self._results: dict[str, Outcome] = {}  # this tick's finished jobs
+        self._running: dict[str, tuple[Job, int, float]] = {}  # key -> (job, ticket, start)
+        self._reported: dict[str, tuple[str, float]] = {}
+        """Per device, the in-flight call last reported TIMED_OUT (reported once)."""
 
+    # --- the runners ------------------------------------------------------------------------
+    def _serve(self, runner: _Runner) -> None:
+        lock = self._lock
+        with lock:
+            self._called -= 1  # this runner was started to take a job
+            item = self._next(runner)
+        while item is not None:
+            key, job, ticket = item
+            try:
+                outcome = Outcome(Status.DONE, result=job.run())
+            except BaseException as exc:  # noqa: BLE001 - delivered to the coordinator
+                outcome = Outcome(Status.FAILED, error=exc)
+            with lock:
+                del self._running[key]
+                if ticket == self._ticket:
+                    self._results[key] = outcome
+                    self._open -= 1
+                if not self._open or not self._running:  # the tick is complete, or all idle
+                    self._done.notify_all()
+                item = self._next(runner)  # the next queued job at once: no hand-over
+
+    def _next(self, runner: _Runner) -> tuple[str, Job, int] | None:
+        """Under the lock: take the next queued job (waiting for one); None when stopping."""
+        while True:
+            if runner.stop or self._closing:
+                self._runners.remove(runner)
+                self._done.notify_all()
+                return None
+            if self._queue:
+                key, job = self._queue.popleft()
+                self._running[key] = (job, self._ticket, time.monotonic())
+                return key, job, self._ticket
+            if self._idle and not self._called:  # one idle worker is enough: this one ends
+                self._runners.remove(runner)
+                return None
+            self._idle += 1
+            self._work.wait()
+            if not self._closing:
+                self._called -= 1  # woken by _launch, which counted this runner as called
+
+    def _launch(self, n: int = 1) -> None:
+        """Under the lock: have ``n`` more runners take queued jobs (idle ones first)."""
+        for _ in range(n):
+            self._called += 1
+            if self._idle:
+                self._idle -= 1
+                self._work.notify()
+                continue
+            self._started += 1
+            runner = _Runner(self, self._started)
+            self._runners.append(runner)
+            runner.thread.start()
+
+    # --- a tick -----------------------------------------------------------------------------
     def run(self, jobs: Mapping[str, Job], deadline_s: float) -> dict[str, Outcome]:
-        """Run each job on its key's worker and wait for them within the deadlines.
+        """Run each job on a worker thread and wait for them within the deadlines.
 
         Args:
             jobs: one job per device key.
@@ -156,116 +199,136 @@ class WorkerPool:
             One :class:`Outcome` per key in ``jobs``.
 
         """
-        self._ticket += 1
-        ticket = self._ticket
         outcomes: dict[str, Outcome] = {}
-        pending: dict[str, _Worker] = {}
         start = time.monotonic()
         end = start + deadline_s
         stagger_until = start + deadline_s * _STAGGER_SHARE  # then start the rest at once
-        with self._done:
+        with self._lock:
+            self._ticket += 1
+            ticket = self._ticket
+            self._results = {}
+            self._queue = deque()
             for key, job in jobs.items():
-                worker = self._workers.get(key)
-                if worker is None:
-                    worker = self._workers[key] = _Worker(key, self._done)
-                if worker.busy:
-                    flight = worker.job.in_flight() if worker.job else None
-                    outcomes[key] = self._still_busy(worker, flight, time.monotonic())
-                    continue
-                worker.submit(ticket, job)
-                pending[key] = worker
-                head_start = min(self._stagger, stagger_until - time.monotonic())
-                if head_start > 0:  # let this job run alone for a while (module docstring)
-                    self._done.wait_for(partial(_answered, worker, ticket), head_start)
-        with self._done:
-            while pending:
+                running = self._running.get(key)
+                if running is not None:  # still inside an abandoned job: no new work
+                    outcomes[key] = self._still_busy(key, running[0].in_flight(), start)
+                else:
+                    self._queue.append((key, job))
+            self._open = len(self._queue)
+            if self._queue:
+                self._launch(1 if self._stagger > 0 else len(self._queue))
+            while len(outcomes) < len(jobs):
                 now = time.monotonic()
                 wake = end
-                for key, worker in list(pending.items()):
-                    res = worker.result
-                    if res is not None and res[0] == ticket:
-                        outcomes[key] = res[1]
-                        del pending[key]
+                for key, out in self._results.items():
+                    outcomes.setdefault(key, out)
+                for key, (job, t, began) in self._running.items():
+                    if t != ticket or key in outcomes:
                         continue
-                    flight = jobs[key].in_flight()
+                    flight = job.in_flight()
                     if flight is not None:
                         overdue = flight[1] + self._call_timeout
                         if now >= overdue:
-                            worker.reported = flight
+                            self._reported[key] = flight
                             outcomes[key] = Outcome(Status.TIMED_OUT, function=flight[0])
-                            del pending[key]
-                            continue
-                        if now >= end:
-                            outcomes[key] = Outcome(Status.OVERRUN, function=flight[0])
-                            del pending[key]
                             continue
                         wake = min(wake, overdue)
-                    elif now >= end:
-                        outcomes[key] = Outcome(Status.OVERRUN)
-                        del pending[key]
                     else:  # between calls: the next call cannot be overdue before this
                         wake = min(wake, now + self._call_timeout)
-                if pending:
-                    self._done.wait(max(0.0, min(wake, end) - now) + 0.001)
+                    if self._queue:  # the next device's job starts when this one had its turn
+                        wake = min(wake, began + self._stagger)
+                if len(outcomes) >= len(jobs):
+                    break
+                if now >= end:
+                    self._give_up(jobs, outcomes, now)
+                    break
+                if self._queue:
+                    self._stagger_more(ticket, outcomes, now, stagger_until)
+                    wake = min(wake, stagger_until)
+                self._done.wait(max(0.0, wake - now) + 0.001)
         return outcomes
 
-    def _still_busy(self, worker: _Worker, flight: tuple[str, float] | None, now: float) -> Outcome:
-        """Return the outcome for a device whose worker is still inside an abandoned job."""
+    def _stagger_more(
+        self, ticket: int, outcomes: dict[str, Outcome], now: float, stagger_until: float
+    ) -> None:
+        """Start more runners when every running job of this tick had its time alone."""
+        if self._called:
+            return  # a runner is on its way to the next job
+        if now >= stagger_until:
+            self._launch(len(self._queue))  # the rest at once (module docstring)
+            return
+        running = [
+            began
+            for key, (_, t, began) in self._running.items()
+            if t == ticket and key not in outcomes
+        ]
+        if not running or all(now >= began + self._stagger for began in running):
+            self._launch(1)
+
+    def _give_up(self, jobs: Mapping[str, Job], outcomes: dict[str, Outcome], now: float) -> None:
+        """At the cycle deadline: abandon every job without an outcome (unstarted ones too)."""
+        self._queue.clear()
+        for key, job in jobs.items():
+            if key in outcomes:
+                continue
+            flight = job.in_flight()
+            if flight is not None and now >= flight[1] + self._call_timeout:
+                self._reported[key] = flight
+                outcomes[key] = Outcome(Status.TIMED_OUT, function=flight[0])
+            else:
+                outcomes[key] = Outcome(Status.OVERRUN, function=flight[0] if flight else None)
+
+    def _still_busy(self, key: str, flight: tuple[str, float] | None, now: float) -> Outcome:
+        """Return the outcome for a device whose job from an earlier tick is still running."""
         function = flight[0] if flight else None
         if flight is None or now < flight[1] + self._call_timeout:
             return Outcome(Status.OVERRUN, function=function)
-        if worker.reported == flight:
+        if self._reported.get(key) == flight:
             return Outcome(Status.BUSY, function=function)
-        worker.reported = flight  # an overrun call that has now passed its per-call deadline
+        self._reported[key] = flight  # an overrun call that has now passed its per-call deadline
         return Outcome(Status.TIMED_OUT, function=function)
 
+    # --- lifecycle --------------------------------------------------------------------------
     def forget(self, key: str) -> None:
-        """Stop the worker of a device that no longer exists (it exits after its current job)."""
-        worker = self._workers.pop(key, None)
-        if worker is not None:
-            worker.stop()
-            self._stopping.append(worker)
+        """Forget a device that no longer exists.
+
+        Nothing to stop: workers are not tied to devices. A job of ``key`` still running
+        counts in :meth:`busy` until it returns.
+        """
+        with self._lock:
+            self._reported.pop(key, None)
 
     def close(self, timeout_s: float) -> bool:
         """Stop every worker and join them within ``timeout_s`` in total.
 
         Returns:
             True when every worker thread has exited (no NVML call can still be in flight).
+            A worker inside a hung call exits when it returns; ``close`` may be called again.
 
         """
-        for w in self._workers.values():
-            w.stop()
-        workers = [*self._stopping, *self._workers.values()]
-        self._workers.clear()
+        with self._lock:
+            self._closing = True
+            self._queue.clear()
+            for runner in self._runners:
+                runner.stop = True
+            self._idle = self._called = 0
+            self._work.notify_all()
+            threads = [r.thread for r in self._runners]
         end = time.monotonic() + timeout_s
-        for w in workers:
-            w.thread.join(max(0.0, end - time.monotonic()))
-        self._stopping = [w for w in workers if w.thread.is_alive()]
-        return not self._stopping
+        for thread in threads:
+            thread.join(max(0.0, end - time.monotonic()))
+        return not any(t.is_alive() for t in threads)
 
     def busy(self) -> list[str]:
-        """Return the workers still running a job (e.g. stuck in a hung call).
-
-        Workers of forgotten devices count too, until their job returns.
-        """
-        with self._done:
-            return self._busy()
-
-    def _busy(self) -> list[str]:
-        out = [k for k, w in self._workers.items() if w.busy]
-        self._stopping = [w for w in self._stopping if w.thread.is_alive()]
-        return out + [w.thread.name for w in self._stopping if w.busy]
+        """Return the devices whose job is still running (e.g. stuck in a hung call)."""
+        with self._lock:
+            return list(self._running)
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Block until no worker runs a job, or ``timeout_s`` passes; True when idle."""
-        with self._done:
-            return self._done.wait_for(lambda: not self._busy(), timeout=timeout_s)
+        with self._lock:
+            return self._done.wait_for(lambda: not self._running, timeout=timeout_s)
 
 
 _STAGGER_SHARE = 0.25
 """Share of the cycle deadline that job starts may be staggered over."""
-
-
-def _answered(worker: _Worker, ticket: int) -> bool:
-    res = worker.result
-    return res is not None and res[0] == ticket
