@@ -85,3 +85,28 @@ def test_list_reports_every_name(sidecar: MakeSidecar) -> None:
     sc = sidecar(ready=False)
     resp = sc.health_stub().List(health_pb2.HealthListRequest(), timeout=TIMEOUT)
     assert {k: v.status for k, v in resp.statuses.items()} == dict.fromkeys(NAMES, NOT_SERVING)
+
+
+def test_the_overall_name_changes_after_every_service_it_sums_up() -> None:
+    """A client that saw ``""`` change (a Watch, the kubelet's probe) finds each service's own
+    status already changed: ``""`` is published last, on readiness and on NVML health."""
+    health = SidecarHealth()
+    order: list[tuple[str, int]] = []
+    set_status = health.servicer.set
+
+    def recording_set(name: str, status: int) -> None:
+        order.append((name, status))
+        set_status(name, status)
+
+    health.servicer.set = recording_set  # type: ignore[method-assign]
+    health.mark_ready()
+    health.set_nvml_healthy(False)
+    health.set_nvml_healthy(True)
+    for start in range(0, len(order), 3):
+        names = [name for name, _ in order[start : start + 3]]
+        assert names[-1] == OVERALL_HEALTH and sorted(names) == sorted(NAMES), order
+    assert set(order[3:6]) == {  # NVML down: "" and the pull service, not the profiler
+        (PULL_SERVICE, NOT_SERVING),
+        (PROFILER_SERVICE, SERVING),
+        (OVERALL_HEALTH, NOT_SERVING),
+    }

@@ -131,6 +131,7 @@ class EventListener:
         self._dirty = False
         self._stopping = False
         self._idle = True  # no NVML call in flight and no set allocated
+        self._refreshing = False  # the listener took a rebuild and is registering the GPUs
         self._registered_count = 0
         self._rebuilds = 0
         self._thread: threading.Thread | None = None
@@ -207,7 +208,10 @@ class EventListener:
         """
         with self._cond:
             return self._cond.wait_for(
-                lambda: not self._dirty and self._registered_count >= count, timeout=timeout_s
+                lambda: (
+                    not self._dirty and not self._refreshing and self._registered_count >= count
+                ),
+                timeout=timeout_s,
             )
 
     @property
@@ -257,6 +261,7 @@ class EventListener:
                     active, rebuild = True, self._dirty
                     self._dirty = False
                     devices, generation = list(self._devices), self._generation
+                    self._refreshing = rebuild or generation != self._set_generation
                 self._idle = False
             try:
                 if not active:
@@ -272,6 +277,7 @@ class EventListener:
             finally:
                 with self._cond:
                     self._idle = self._set is None
+                    self._refreshing = False
                     self._registered_count = len(self._registered)
                     self._cond.notify_all()
                     done = self._stopping and self._set is None

@@ -131,8 +131,13 @@ class SidecarHealth:
             self._publish()
 
     def _publish(self) -> None:
-        """Set every following name's status (caller holds the lock)."""
-        for name in self._following:
+        """Set every following name's status (caller holds the lock).
+
+        ``""`` is set last: a client watching the overall health that sees it change can rely
+        on every service's own status having changed already (a Watch on ``""`` that saw
+        NOT_SERVING must not find the pull service still SERVING).
+        """
+        for name in sorted(self._following, key=lambda n: n == OVERALL_HEALTH):
             self.servicer.set(name, self._status(name))
 
     def enter_graceful_shutdown(self) -> None:
