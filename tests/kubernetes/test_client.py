@@ -88,6 +88,10 @@ def test_a_socket_nobody_listens_on_is_unavailable(short_dir):
 PERMISSION_CHILD = """
 import os, sys
 from gpumetrics.kubernetes import PodResourcesClient, PodResourcesError
+try:  # the whole call path once as root, so that grpc's lazy imports are done too
+    PodResourcesClient("/nonexistent/kubelet.sock", 5.0, 1 << 20).list()
+except PodResourcesError:
+    pass
 os.setgroups([]); os.setgid(65534); os.setuid(65534)  # after the imports: nobody may not read them
 try:
     PodResourcesClient(sys.argv[1], 5.0, 1 << 20).list()
