@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from nvmlsim.driver_profiles import ALL_SYMBOLS, DRIVER_PROFILES
 from nvmlsim.fields import OVERRIDE_FIELDS
 from nvmlsim.model.board import GPM_PERCENT_IDS, Gpm, GpmInstance
-from nvmlsim.model.devices import U32, U64, Device, Memory, Process, ProcessSet
+from nvmlsim.model.devices import U32, U64, Device, Memory, MigInstance, Process, ProcessSet
 from nvmlsim.model.scenario import Scenario
-from nvmlsim.model.values import Dyn, bounds
+from nvmlsim.model.values import OLD_MIG_UUID, Dyn, bounds
 
 __all__ = ["check_scenario"]
 
@@ -142,6 +142,7 @@ def _device(path: str, dev: Device) -> Iterator[Problem]:
         if inst.slot in slots:
             yield (f"{ip}.slot", f"duplicates mig.instances[{slots[inst.slot]}].slot")
         slots[inst.slot] = i
+        yield from _old_mig_uuid(f"{ip}.uuid", inst.uuid, dev.uuid, inst)
         pair = (inst.gpu_instance_id, inst.compute_instance_id)
         if pair in ids:
             yield (f"{ip}.compute_instance_id", f"GI/CI pair duplicates instances[{ids[pair]}]")
@@ -157,6 +158,22 @@ def _device(path: str, dev: Device) -> Iterator[Problem]:
             yield from _gpm(f"{ip}.gpm", inst.gpm)
         yield from _memory(f"{ip}.memory", inst.memory)
         yield from _processes(ip, inst.processes, inst.process_sets)
+
+
+def _old_mig_uuid(path: str, uuid: str, parent: str, inst: MigInstance) -> Iterator[Problem]:
+    """Check that an R450-R465 MIG UUID names the instance's own GPU and ids."""
+    old = OLD_MIG_UUID.fullmatch(uuid)
+    if old is None:
+        return
+    if old["gpu"] != parent:
+        yield (path, f"names GPU {old['gpu']}, but the instance is on {parent}")
+    ids = (int(old["gi"]), int(old["ci"]))
+    if ids != (inst.gpu_instance_id, inst.compute_instance_id):
+        yield (
+            path,
+            f"names GPU instance {ids[0]} / compute instance {ids[1]}, but the instance has "
+            f"{inst.gpu_instance_id} / {inst.compute_instance_id}",
+        )
 
 
 def _identities(scn: Scenario) -> Iterator[Problem]:
