@@ -99,6 +99,24 @@ def _board(path: str, dev: Device) -> Iterator[Problem]:
     if dev.nvlink is not None:
         for key in ("data_tx_kib", "data_rx_kib"):
             yield from _range(f"{path}.nvlink.{key}", getattr(dev.nvlink, key), 0, U64)
+            for link, traffic in dev.nvlink.per_link.items():
+                yield from _range(
+                    f"{path}.nvlink.per_link[{link}].{key}", getattr(traffic, key), 0, U64
+                )
+    rows = dev.remapped_rows
+    if rows is not None:
+        if dev.ecc is None:
+            yield (
+                f"{path}.remapped_rows",
+                "a board without ecc has no row remapping (nvmlDeviceGetRemappedRows answers "
+                "NOT_SUPPORTED there, nvml.h); give ecc or leave remapped_rows out",
+            )
+        for key in ("correctable", "uncorrectable"):
+            yield from _range(f"{path}.remapped_rows.{key}", getattr(rows, key), 0, U32)
+        for key in ("pending", "failure"):
+            flag = getattr(rows, key)
+            if not isinstance(flag, bool):
+                yield from _range(f"{path}.remapped_rows.{key}", flag, 0, 1)
     power = dev.power
     if power.min_limit_mw is not None and power.max_limit_mw is not None:
         if power.min_limit_mw > power.max_limit_mw:

@@ -11,7 +11,8 @@ Signatures and units as ``nvml.h`` and the NVML API reference give them:
   unsigned *)`` (percent; may exceed 100); ``nvmlDeviceGetFanSpeed`` reads fan 0.
 - ``nvmlDeviceGetBAR1MemoryInfo(device, nvmlBAR1Memory_t *)``: total, free, used (bytes).
 - ``nvmlDeviceGetRemappedRows(device, unsigned *corr, unsigned *unc, unsigned *pending,
-  unsigned *failure)``.
+  unsigned *failure)``: NOT_SUPPORTED "If MIG is enabled or if the device doesn't support this
+  feature" (nvml.h): answered from the MIG mode at the time of the call.
 - ``nvmlDeviceGetViolationStatus(device, policy, nvmlViolationTime_t *)``: ``referenceTime``
   (µs) and ``violationTime`` (ns, cumulative).
 - ``nvmlDeviceGetEncoderStats(device, unsigned *sessions, unsigned *fps, unsigned *latency)``:
@@ -59,7 +60,8 @@ def _nvlink_state(
         return codes.NOT_SUPPORTED
     if not 0 <= link < nvlink.links:
         return codes.INVALID_ARGUMENT
-    put_u32(out, int(pick(call.overrides, "value", int(link not in nvlink.down))))
+    up = nvlink.is_up(link, call.t, call.cycle)
+    put_u32(out, int(pick(call.overrides, "value", int(up))))
     return codes.SUCCESS
 
 
@@ -139,13 +141,13 @@ def _remapped(
     if not (corr and unc and pend and fail):
         return codes.INVALID_ARGUMENT
     rows = target.spec.remapped_rows
-    if rows is None:
+    if rows is None or target.mig_enabled:  # nvml.h: NOT_SUPPORTED "If MIG is enabled"
         return codes.NOT_SUPPORTED
     ov = call.overrides
     put_u32(corr, int(pick(ov, "corrRows", _at(rows.correctable, call))))
     put_u32(unc, int(pick(ov, "uncRows", _at(rows.uncorrectable, call))))
-    put_u32(pend, int(pick(ov, "isPending", int(rows.pending))))
-    put_u32(fail, int(pick(ov, "failureOccurred", int(rows.failure))))
+    put_u32(pend, int(pick(ov, "isPending", int(bool(_at(rows.pending, call))))))
+    put_u32(fail, int(pick(ov, "failureOccurred", int(bool(_at(rows.failure, call))))))
     return codes.SUCCESS
 
 
