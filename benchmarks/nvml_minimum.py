@@ -178,7 +178,7 @@ def device_facts(device: Mapping[str, Any]) -> Facts:
     violations = device.get("violations_ns") or {}
     return Facts(
         links=links,
-        active_links=links - len(nvlink.get("down", ())),
+        active_links=links - sum(isinstance(d, int) for d in nvlink.get("down", ())),  # always down
         fans=len(fans) if fans is not None else int(device.get("fan_percent") is not None),
         policies=sum(v is not None for v in violations.values()),
         unsupported=frozenset(unsupported),

@@ -45,8 +45,16 @@ def field_name(field_id: int) -> str:
     return _NAMES.get(field_id, f"field_{field_id}")
 
 
+Field = int | tuple[int, int]
+"""A field to read: an ``NVML_FI_DEV_*`` id (scope 0), or ``(id, scopeId)``."""
+
+
+def _field_id(field: Field) -> int:
+    return field[0] if isinstance(field, tuple) else field
+
+
 def read_fields(
-    dev: Device, tick: Tick, purpose: str, fields: Sequence[int]
+    dev: Device, tick: Tick, purpose: str, fields: Sequence[Field]
 ) -> dict[int, int | float]:
     """Read ``fields`` of ``dev`` in one call; return the values of those that answered.
 
@@ -55,7 +63,8 @@ def read_fields(
         tick: the tick (telemetry, log).
         purpose: names the read in the capability key (``nvmlDeviceGetFieldValues:<purpose>``),
             so an unusable call for one concern does not disable the others.
-        fields: ``NVML_FI_DEV_*`` ids (scope 0).
+        fields: ``NVML_FI_DEV_*`` ids (scope 0), or ``(id, scopeId)`` pairs (an NVLink
+            counter's link, or ``UINT_MAX`` for all links); one scope per id.
 
     Returns:
         ``{field id: value}`` for fields that answered SUCCESS; empty when none is left or the
@@ -66,7 +75,7 @@ def read_fields(
 
     """
     dropped: set[int] = dev.state.setdefault("fields_disabled", set())
-    wanted = [f for f in fields if f not in dropped]
+    wanted = [f for f in fields if _field_id(f) not in dropped]
     if not wanted:
         return {}
     values = dev.calls.get(
