@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
-from nvmlsim.model.values import Dyn, Pattern, Strict, Window, named_keys
+from nvmlsim.model.values import Dyn, Pattern, Ramp, Sine, Square, Strict, Trace, Window, named_keys
 
 __all__ = [
     "GPM_METRIC_MAX",
     "GPM_PERCENT_IDS",
     "Gpm",
     "GpmInstance",
+    "GpmTrace",
+    "GpmValue",
     "NvLinkErrors",
     "NvLink",
     "LinkDown",
@@ -52,7 +54,22 @@ def _gpm_ids(value: object) -> object:
     return out
 
 
-GpmMetrics = Annotated[dict[int, Dyn], BeforeValidator(_gpm_ids)]
+class GpmTrace(Trace):
+    """A recorded series of GPM values, which, unlike other readings, may be NaN or ±Inf."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=True)
+
+
+#: A GPM metric value: a number or a pattern, like every reading, except that a number or a
+#: trace step may be NaN or ±Inf (YAML ``.nan``, ``.inf``, ``-.inf``): ``nvmlGpmMetricsGet``
+#: returns doubles, and a real GPM answer can be non-finite.
+GpmValue = (
+    int
+    | Annotated[float, Field(allow_inf_nan=True)]
+    | Annotated[Sine | Square | Ramp | GpmTrace, Field(discriminator="pattern")]
+)
+
+GpmMetrics = Annotated[dict[int, GpmValue], BeforeValidator(_gpm_ids)]
 
 
 class GpmInstance(Strict):
@@ -69,9 +86,10 @@ class Gpm(Strict):
     NOT_SUPPORTED. ``metrics`` maps an ``NVML_GPM_METRIC_*`` id (number, or name without the
     prefix: ``SM_UTIL``) to its value in the metric's own unit (percent 0-100, or MiB/s);
     ``nvmlGpmMetricsGet`` returns the mean of that value over the two samples' interval, and
-    answers NOT_SUPPORTED for ids not listed. On a MIG-enabled GPU these are the whole GPU's
-    values (``nvmlGpmSampleGet`` on the parent); each instance's own are under
-    ``mig.instances[].gpm``.
+    answers NOT_SUPPORTED for ids not listed. A value may be NaN or ±Inf (a number, or steps
+    of a ``trace``): an interval that touches such a step gives that non-finite mean. On a
+    MIG-enabled GPU these are the whole GPU's values (``nvmlGpmSampleGet`` on the parent);
+    each instance's own are under ``mig.instances[].gpm``.
     """
 
     metrics: GpmMetrics = Field(default_factory=dict)

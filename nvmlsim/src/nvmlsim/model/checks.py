@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from nvmlsim.driver_profiles import ALL_SYMBOLS, DRIVER_PROFILES
 from nvmlsim.fields import OVERRIDE_FIELDS
-from nvmlsim.model.board import GPM_PERCENT_IDS, Gpm, GpmInstance
+from nvmlsim.model.board import GPM_PERCENT_IDS, Gpm, GpmInstance, GpmTrace
 from nvmlsim.model.devices import U32, U64, Device, Memory, MigInstance, Process, ProcessSet
 from nvmlsim.model.scenario import Scenario
 from nvmlsim.model.values import OLD_MIG_UUID, Dyn, bounds
@@ -78,10 +78,16 @@ def _processes(path: str, procs: list[Process], sets: list[ProcessSet]) -> Itera
 
 
 def _gpm(path: str, gpm: Gpm | GpmInstance | None) -> Iterator[Problem]:
+    """Range-check GPM values; NaN and ±Inf are allowed (a real GPM answer can be non-finite)."""
     if gpm is None:
         return
     for metric_id, value in gpm.metrics.items():
         high = 100 if metric_id in GPM_PERCENT_IDS else math.inf
+        if isinstance(value, GpmTrace):
+            finite = [v for v in value.values if math.isfinite(v)]
+            value = value.model_copy(update={"values": finite}) if finite else None
+        elif isinstance(value, float) and not math.isfinite(value):
+            continue
         yield from _range(f"{path}.metrics[{metric_id}]", value, 0, high)
 
 
