@@ -55,6 +55,12 @@ _REMAP = (Source("nvmlDeviceGetRemappedRows", 1, cadence="errors"),)
 _RETIRED = (Source("nvmlDeviceGetFieldValues", 1, cadence="errors", key="retired_pages"),)
 _BAR1 = (Source("nvmlDeviceGetBAR1MemoryInfo", 1),)
 _ENCODER = (Source("nvmlDeviceGetEncoderStats", 1),)
+_PROCESS_LISTS = (
+    # compute (the data call when non-empty), graphics and MPS (the sizing call: empty)
+    Source("nvmlDeviceGetComputeRunningProcesses", 1, per_process=True),
+    Source("GraphicsRunningProcesses", 1, per_process=True),
+    Source("MPSComputeRunningProcesses", 1, per_process=True),
+)
 
 
 SOURCES: dict[str, tuple[Source, ...]] = {
@@ -114,12 +120,8 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     "nvidia.gpu.process.memory_copy.utilization": (
         Source("nvmlDeviceGetProcessUtilization", 2, calls_empty=1, per_process=True),
     ),
-    "nvidia.gpu.process.memory.usage": (
-        # compute (the data call when non-empty), graphics and MPS (the sizing call: empty)
-        Source("nvmlDeviceGetComputeRunningProcesses", 1, per_process=True),
-        Source("GraphicsRunningProcesses", 1, per_process=True),
-        Source("MPSComputeRunningProcesses", 1, per_process=True),
-    ),
+    "nvidia.gpu.process.memory.usage": _PROCESS_LISTS,
+    "nvidia.gpu.process.count": _PROCESS_LISTS,  # the same reads, counted
 }
 """Metric → the sources one read of it needs. The three ``nvmlDeviceGetSamples`` rows are
 distinct sources (one per sampling type); :func:`minimum_calls` keys them by metric."""

@@ -149,6 +149,7 @@ def test_h100_mig_each_gpu_instance_has_its_own_gpm_and_no_board_value_is_copied
         names.MetricGPUProfPipeActivity,
         names.MetricGPUProfDRAMActivity,
         names.MetricProcessMemoryUsage,
+        names.MetricGPUProcessCount,  # each instance's own process lists
     }
     for metric in (names.MetricPower, names.MetricGPUBAR1MemoryLimit, names.MetricNetworkUp):
         assert {p.attrs.get("hw.parent", p.attrs["hw.id"]) for p in out.find(metric)} == {
