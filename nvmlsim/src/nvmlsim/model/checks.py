@@ -83,12 +83,13 @@ def _gpm(path: str, gpm: Gpm | GpmInstance | None) -> Iterator[Problem]:
         return
     for metric_id, value in gpm.metrics.items():
         high = 100 if metric_id in GPM_PERCENT_IDS else math.inf
+        checked: Dyn | None = value
         if isinstance(value, GpmTrace):
             finite = [v for v in value.values if math.isfinite(v)]
-            value = value.model_copy(update={"values": finite}) if finite else None
+            checked = value.model_copy(update={"values": finite}) if finite else None
         elif isinstance(value, float) and not math.isfinite(value):
             continue
-        yield from _range(f"{path}.metrics[{metric_id}]", value, 0, high)
+        yield from _range(f"{path}.metrics[{metric_id}]", checked, 0, high)
 
 
 def _board(path: str, dev: Device) -> Iterator[Problem]:
