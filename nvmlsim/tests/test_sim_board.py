@@ -3,6 +3,7 @@ through the real nvidia-ml-py wrappers."""
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import pynvml
@@ -295,3 +296,44 @@ def test_board_calls_answer_not_supported_on_mig_handles_and_encoder_under_mig(s
 def test_board_scenario_errors_name_the_field(change, path):
     with pytest.raises(sim.ScenarioError, match=path.replace("[", r"\[").replace("]", r"\]")):
         sim.scenario_from_data(_scenario({"uuid": UUID0, **change}))
+
+
+def test_retired_pages_with_the_size_probe(simulate):
+    """nvml.h: pageCount 0 queries the size (INSUFFICIENT_SIZE with the count); nvidia-ml-py's
+    wrapper makes that probe, then reads with 2n+5 entries. The symbol did not exist."""
+    from nvmlsim.symbols.board import retired_page_address
+
+    drv = simulate(_scenario(), latency="off")
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    sbe = pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+    dbe = pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+    assert pynvml.nvmlDeviceGetRetiredPages(h, sbe) == [
+        retired_page_address(0, k) for k in range(3)
+    ]
+    assert pynvml.nvmlDeviceGetRetiredPages(h, dbe) == [retired_page_address(1, 0)]
+    assert drv.call_count("nvmlDeviceGetRetiredPages", 0) == 4  # a probe and a read each
+    assert pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h) == 0
+    # the probe itself, and a buffer too small, as the C library answers them
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetRetiredPages")
+    count = ctypes.c_uint(0)
+    assert fn(h, sbe, ctypes.byref(count), None) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+    assert count.value == 3
+    count.value, pages = 2, (ctypes.c_ulonglong * 2)()
+    assert fn(h, sbe, ctypes.byref(count), pages) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+    assert count.value == 3 and list(pages) == [0, 0]
+    assert fn(h, 7, ctypes.byref(count), pages) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    without = {k: v for k, v in BOARD.items() if k != "retired_pages"}
+    sim.uninstall()
+    simulate(_scenario(without))
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetRetiredPages(h, sbe)
+
+
+def test_no_retired_pages_answers_the_probe_with_success(simulate):
+    device = {**BOARD, "retired_pages": {"single_bit": 0, "double_bit": 0, "pending": True}}
+    simulate(_scenario(device))
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    sbe = pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+    assert pynvml.nvmlDeviceGetRetiredPages(h, sbe) == []
+    assert pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h) == 1

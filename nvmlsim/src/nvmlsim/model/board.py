@@ -196,9 +196,11 @@ class RemappedRows(Strict):
 
 
 class RetiredPages(Strict):
-    """Retired pages (page retirement, before Ampere).
+    """Retired pages (page retirement, before Ampere): counts per cause and the pending flag.
 
-    Answered through the field values ``NVML_FI_DEV_RETIRED_SBE`` / ``_DBE`` / ``_PENDING``.
+    Answered through the field values ``NVML_FI_DEV_RETIRED_SBE`` / ``_DBE`` / ``_PENDING``,
+    ``nvmlDeviceGetRetiredPages`` (one synthetic page address per retired page, with nvml.h's
+    size probe) and ``nvmlDeviceGetRetiredPagesPendingStatus``.
     """
 
     single_bit: Dyn = 0
