@@ -349,6 +349,20 @@ class EventListener:
         that was on it is registered on a new one, while the GPU that failed waits for its
         back-off. Each round puts one more GPU on back-off, so this ends.
         """
+        try:
+            self._register_all(devices, generation)
+        finally:
+            # A retry still due was not attempted (the GPU is gone, lost, without a handle, or
+            # no set could be made) or ended otherwise (registered, NOT_SUPPORTED): forget it,
+            # so it cannot wake the thread again and again.
+            now = time.monotonic_ns()
+            for uuid in [u for u, r in self._retry.items() if r.backoff.due(now)]:
+                del self._retry[uuid]
+        self._telemetry.set(REGISTERED_DEVICES, len(self._registered))
+        if not self._registered:
+            self._free()
+
+    def _register_all(self, devices: list[Device], generation: int) -> None:
         for _ in range(len(devices) + 1):
             if self._set is None or self._new_set_needed or generation != self._set_generation:
                 if not self._new_set(generation):
@@ -370,10 +384,7 @@ class EventListener:
                     self._new_set_needed = True  # free it; the others go on a new set
                     break
             if not undefined:
-                break
-        self._telemetry.set(REGISTERED_DEVICES, len(self._registered))
-        if not self._registered:
-            self._free()
+                return
 
     def _wants_registration(self, dev: Device) -> bool:
         if dev.handle is None or dev.parent is not None:
