@@ -14,12 +14,18 @@ from typing import Protocol
 
 from nvmlsim import codes
 from nvmlsim.clock import Clock
-from nvmlsim.eventsets import EventSets
 from nvmlsim.model.scenario import Event, Scenario
 from nvmlsim.model.values import evaluate
 from nvmlsim.world import DeviceState, Timeline, World
 
 __all__ = ["EventQueue", "EventTarget", "apply_event"]
+
+
+class EventSetTable(Protocol):
+    """What an event needs of the driver's event sets (``nvmlsim.eventsets.EventSets``)."""
+
+    def forget_all(self) -> None:
+        """Drop every set (they died with the driver that made them)."""
 
 
 class EventTarget(Protocol):
@@ -35,7 +41,10 @@ class EventTarget(Protocol):
     revoked: bool
     #: True after ``reload_driver`` until the reference count is back to 0: UNINITIALIZED
     reloaded: bool
-    event_sets: EventSets
+
+    @property
+    def event_sets(self) -> EventSetTable:
+        """The driver's event sets (a ``reload_driver`` forgets them)."""
 
 
 class EventQueue:
