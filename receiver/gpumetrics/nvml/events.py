@@ -13,9 +13,14 @@ or TIMEOUT, and ``nvmlEventSetFree``. The :class:`EventListener` does that on th
   new session gets a new set; a GPU recovered with a new handle is registered on the set it has
   (no events of the other GPUs are lost to a new set). Each GPU's supported types are probed
   once per session (NOT_SUPPORTED disables it for the session, logged once) and registered ANDed
-  with ``events.types``. MIG: NVML registers physical GPUs only (per-instance
-  registration through MIG handles is not supported); an event with instance ids is attributed
-  to the matching MIG instance.
+  with ``events.types``; one INFO per GPU names the configured types it lacks. A registration
+  answering UNKNOWN leaves the set "in undefined state" (nvml.h): it is freed, the other GPUs
+  go on a new set and the failed GPU is retried on back-off (one WARNING per episode). MIG:
+  NVML registers physical GPUs only (per-instance registration through MIG handles is not
+  supported); an event with instance ids is attributed to the matching MIG instance.
+* **Recovery actions.** ``nvmlEventTypeGpuRecoveryAction`` carries ``eventData`` 0; the action
+  is read with ``nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)`` as the event
+  arrives (unknown when that read fails).
 * **Waiting.** ``nvmlEventSetWait_v2`` with ``events.wait_timeout_s`` (1 s): the bound on how
   long a stop or a re-registration waits for the thread. TIMEOUT just loops.
 * **GPU lost.** A wait answering GPU_IS_LOST (drivers rarely deliver Xid 79 as an event; the
@@ -23,7 +28,8 @@ or TIMEOUT, and ``nvmlEventSetFree``. The :class:`EventListener` does that on th
   GPU_IS_LOST; the wait answered it only once its queued events were read): registering the
   lost GPU fails with GPU_IS_LOST, which names it. It yields one ``gpu_lost`` event per loss
   (also when the collector's ticks see the loss first), and the GPU is registered again when the
-  collector recovers it (a new handle); its events resume from then on.
+  collector recovers it (a new handle); its events resume from then on. The listener logs the
+  loss at DEBUG: the device state machine's state change is its one WARNING.
 * **Lifecycle.** The collector suspends the listener before the NVML session goes down
   (library error, :meth:`Collector.release`, :meth:`Collector.stop`) and waits until it is idle
   (at most one wait timeout): the thread frees its set while NVML is still initialised and makes
