@@ -93,7 +93,7 @@ class EventProducer:
         """Count ``event``; queue its record unless the storm limit or the queue bound hold it."""
         with self._lock:
             self._count(event)
-            key = (event.device_id, event.type, event.data)
+            key = (event.device_id, event.type, event.data, event.recovery_action)
             verdict, closed = self._storm.admit(key, event, event.observed_ns)
             if closed is not None:
                 self._enqueue(closed, event.type)
