@@ -241,6 +241,9 @@ class Sidecar:
             host_name=ident.host_name,
             read_process_context=ident.read_process_context,
             mode=ident.mode,
+            limits=ident.resource_limits.limits(),
+            cache_max_bytes=ident.resource_limits.cache_max_bytes,
+            telemetry=telemetry,
         )
         host_attributes = _host_attributes(config, node, in_k8s)
         producer = Producer(
@@ -285,6 +288,7 @@ class Sidecar:
             batch_wait,
             companions=companions,
             after_batch=liveness.check,
+            max_collection_bytes=config.store.max_collection_bytes,
         )
         push = push_logs = None
         if config.push.endpoint:

@@ -7,8 +7,9 @@ send time. A piece is itself a valid export request of the same signal
 or log record (logs) of the original exactly once, in the original order.
 
 Splitting happens at the coarsest level that helps: whole ``Resource<Signal>`` entries are packed
-together first; an entry that alone is too large is halved by its scopes, then a lone scope by
-its items (``Metric``, ``LogRecord``), then a lone metric by its data points. Every part keeps its
+together first; an entry that alone is too large is split by its scopes (packed while they
+fit), a scope that alone is too large by its items (``Metric``, ``LogRecord``, packed likewise),
+and a metric that alone is too large is halved by its data points. Every part keeps its
 resource, scope and schema URLs, and a metric keeps its name, description, unit, metadata,
 temporality and monotonicity, so a receiver sees the same series (OTLP allows one resource, or
 one scope, in several entries). What holds nothing is left out of the pieces of a request that
@@ -52,63 +53,99 @@ def _with_scopes(signal: Signal, entry: Any, scopes: Sequence[Any]) -> Any:
     return out
 
 
+def _scope_like(scope: Any) -> Any:
+    out = type(scope)(schema_url=scope.schema_url)
+    out.scope.CopyFrom(scope.scope)
+    return out
+
+
 def _with_items(signal: Signal, entry: Any, scope: Any, items: Sequence[Any]) -> Any:
     out = _like(entry)
-    part = getattr(out, signal.scopes).add(schema_url=scope.schema_url)
-    part.scope.CopyFrom(scope.scope)
+    part = getattr(out, signal.scopes).add()
+    part.CopyFrom(_scope_like(scope))
     for item in items:
         getattr(part, signal.items).add().CopyFrom(item)
     return out
 
 
-def _halve(signal: Signal, entry: Any) -> tuple[Any, Any] | None:
-    """Two halves of ``entry`` at the coarsest level with two or more items; None if indivisible.
-
-    Scopes without items are left out first (they hold nothing to keep).
-    """
-    scopes = [s for s in getattr(entry, signal.scopes) if len(getattr(s, signal.items))]
-    if len(scopes) > 1:
-        mid = len(scopes) // 2
-        return _with_scopes(signal, entry, scopes[:mid]), _with_scopes(signal, entry, scopes[mid:])
-    if not scopes:
-        return None
-    scope = scopes[0]
-    items = getattr(scope, signal.items)
-    if len(items) > 1:
-        mid = len(items) // 2
-        return (
-            _with_items(signal, entry, scope, items[:mid]),
-            _with_items(signal, entry, scope, items[mid:]),
-        )
-    halves = signal.halve_item(items[0])
-    if halves is None:
-        return None
-    return _with_items(signal, entry, scope, [halves[0]]), _with_items(
-        signal, entry, scope, [halves[1]]
-    )
+def _units(signal: Signal, scope: Any) -> int:
+    return sum(signal.item_count(item) for item in getattr(scope, signal.items))
 
 
 def split_entry(entry: Any, max_bytes: int, signal: Signal = METRICS) -> Iterator[Any]:
-    """Yield one ``Resource<Signal>`` entry in parts (the module docstring's halving).
+    """Yield one ``Resource<Signal>`` entry in parts of at most ``max_bytes`` when framed.
 
     Each part, framed as field 1 of an export request (:func:`field_size`), is at most
-    ``max_bytes`` long, unless it holds one indivisible data point or log record. A part
-    (or the entry) that holds no point or record is left out.
+    ``max_bytes`` long, unless it holds one indivisible data point or log record. Whole scopes
+    are packed into a part while they fit, then a scope's items, then (metrics) a metric's data
+    points are halved; sizes are measured, never estimated. Each part is built when the
+    previous one has been taken, so splitting holds one part besides ``entry``. A part (or the
+    entry) that holds no point or record is left out.
     """
     if not signal.count_resource(entry):
         return
     if field_size(entry.ByteSize()) <= max_bytes:
         yield entry
         return
-    halves = _halve(signal, entry)
+    base = _like(entry).ByteSize()
+    group: list[Any] = []
+    body = base
+    for scope in getattr(entry, signal.scopes):
+        if not _units(signal, scope):
+            continue
+        n = field_size(scope.ByteSize())
+        if group and field_size(body + n) > max_bytes:
+            yield _with_scopes(signal, entry, group)
+            group, body = [], base
+        if field_size(base + n) <= max_bytes:
+            group.append(scope)
+            body += n
+        else:
+            yield from _split_scope(signal, entry, scope, base, max_bytes)
+    if group:
+        yield _with_scopes(signal, entry, group)
+
+
+def _split_scope(
+    signal: Signal, entry: Any, scope: Any, base: int, max_bytes: int
+) -> Iterator[Any]:
+    """Parts of ``entry`` holding ``scope``'s items, packed while they fit."""
+    head = _scope_like(scope).ByteSize()
+
+    def fits(scope_body: int) -> bool:
+        return field_size(base + field_size(scope_body)) <= max_bytes
+
+    group: list[Any] = []
+    body = head
+    for item in getattr(scope, signal.items):
+        if not signal.item_count(item):
+            continue
+        n = field_size(item.ByteSize())
+        if group and not fits(body + n):
+            yield _with_items(signal, entry, scope, group)
+            group, body = [], head
+        if fits(head + n):
+            group.append(item)
+            body += n
+        else:
+            yield from _split_item(signal, entry, scope, item, max_bytes)
+    if group:
+        yield _with_items(signal, entry, scope, group)
+
+
+def _split_item(signal: Signal, entry: Any, scope: Any, item: Any, max_bytes: int) -> Iterator[Any]:
+    """Parts of ``entry`` holding one item too large for a part: a metric halved by its points."""
+    halves = signal.halve_item(item)
     if halves is None:
-        yield entry  # one point or record with its envelope: cannot be made smaller
+        yield _with_items(signal, entry, scope, [item])  # indivisible: one point or record
         return
-    first, second = halves
-    del halves
-    yield from split_entry(first, max_bytes, signal)
-    del first  # only the half still to split stays held
-    yield from split_entry(second, max_bytes, signal)
+    for half in halves:
+        part = _with_items(signal, entry, scope, [half])
+        if field_size(part.ByteSize()) <= max_bytes:
+            yield part
+        else:
+            del part
+            yield from _split_item(signal, entry, scope, half, max_bytes)
 
 
 def split_request(request: Any, max_bytes: int, signal: Signal = METRICS) -> Iterator[Any]:
