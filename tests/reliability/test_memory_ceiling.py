@@ -274,8 +274,13 @@ class NodeChild:
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        assert self._line() == "READY"
-        self.ready = json.loads(self._line())
+        try:
+            assert self._line() == "READY"
+            self.ready = json.loads(self._line())
+        except BaseException:
+            self.proc.kill()  # never leave the child behind
+            self.close()
+            raise
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
