@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 from gpumetrics.config import SidecarConfig
-from gpumetrics.events import EventProducer, EventSettings, GpuEvent, Severity, event_catalogue
+from gpumetrics.events import (
+    EventProducer,
+    EventSettings,
+    GpuEvent,
+    Severity,
+    count_log_records,
+    event_catalogue,
+)
 from gpumetrics.events.docs import BEGIN, END, render_event_tables, replace_generated
 from gpumetrics.events.render import XID_CATALOG_URL, render_event
 from gpumetrics.events.storm import Admission, StormLimiter
@@ -249,10 +256,10 @@ def test_the_producer_counts_everything_and_queues_within_limits():
 def test_flush_to_appends_one_batch_with_its_record_count():
     class Store:
         def __init__(self) -> None:
-            self.got: list[tuple[bytes, int]] = []
+            self.got: list[int] = []
 
-        def append_serialized(self, data: bytes, points: int) -> int:
-            self.got.append((data, points))
+        def append(self, request) -> int:
+            self.got.append(count_log_records(request))
             return len(self.got)
 
     p = EventProducer(EventSettings())
@@ -260,7 +267,7 @@ def test_flush_to_appends_one_batch_with_its_record_count():
     assert p.flush_to(store) is None and store.got == []
     p.record(event())
     p.record(event(data=94))
-    assert p.flush_to(store) == 1 and store.got[0][1] == 2
+    assert p.flush_to(store) == 1 and store.got == [2]
 
 
 # -- settings --------------------------------------------------------------------------------------
