@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from gpumetrics.settingsbase import SettingsModel
 from gpumetrics.store.limits import DEFAULT_MAX_BATCH_BYTES
 
 DEFAULT_PULL_MAX_BYTES = DEFAULT_MAX_BATCH_BYTES
@@ -137,7 +138,7 @@ def parse_listen_address(text: str, field: str) -> ListenAddress:
     return ListenAddress(text, "tcp", host=host, port=int(port_text))
 
 
-class ServerSettings(BaseModel):
+class ServerSettings(SettingsModel):
     """Settings of :class:`~gpumetrics.service.SidecarServer` (all sizes in bytes, times in s).
 
     Attributes:
@@ -181,8 +182,6 @@ class ServerSettings(BaseModel):
         keepalive_time_s: HTTP/2 keepalive ping interval, so dead peers free their stream.
 
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     listen: list[str] = Field(default_factory=lambda: [DEFAULT_LISTEN])
     profiler_listen: list[str] = Field(default_factory=list)
