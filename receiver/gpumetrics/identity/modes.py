@@ -29,10 +29,10 @@ The eBPF profiler's resource (``go.opentelemetry.io/ebpf-profiler`` v0.0.202633,
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from gpumetrics.identity.attrs import AttrValue
-from gpumetrics.identity.procfs import ProcessInfo
+from gpumetrics.identity.procfs import ProcessInfo, ProcfsReader
 from gpumetrics.identity.relabel_config import Action, RelabelConfig, RelabelConfigError
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "IdentityMode",
     "check_profiler_mode_rules",
     "is_observed_key",
+    "process_observer",
     "profiler_resource",
     "validate_env_var_names",
 ]
@@ -201,3 +202,26 @@ def check_profiler_mode_rules(rules: Sequence[RelabelConfig]) -> None:
                 "the profile resource), so only keep/drop rules and temporary '__' labels are "
                 "allowed; set identity.mode to 'enriched' to add labels"
             )
+
+
+def process_observer(
+    proc_root: str, host_pid_namespace: bool | None = None
+) -> Callable[[int, Sequence[str]], dict[str, AttrValue]]:
+    """Return ``observe(pid, env_var_names)``: :func:`profiler_resource` of ``pid`` read now.
+
+    What the sidecar itself sees of a process, by the eBPF profiler's rules, with the variables
+    ``env_var_names`` captured: the service layer compares the observed keys a declarer that is
+    not trusted sends with it (``gpumetrics.service.declarers``). Each call reads procfs afresh.
+    """
+    base = ProcfsReader(proc_root, host_pid_namespace=host_pid_namespace)
+
+    def observe(pid: int, env_var_names: Sequence[str]) -> dict[str, AttrValue]:
+        reader = ProcfsReader(
+            proc_root,
+            host_pid_namespace=base.in_host_pid_namespace,  # detected (and logged) once
+            resolve_user_names=False,
+            include_env_vars=env_var_names,
+        )
+        return profiler_resource(pid, reader.read(pid))
+
+    return observe
