@@ -114,7 +114,7 @@ class Refusal(ValueError):
     The servicer answers it as a ``Rejection`` (``field`` relative to the entry).
 
     Attributes:
-        field: e.g. ``pid`` or ``profiler_resource.attributes[k8s.pod.name]``.
+        field: ``pid`` or ``profiler_resource`` (the key is in ``reason``).
         reason: why, and who may.
         kind: ``not_owner``, ``no_such_process`` or ``observed_attribute``.
 
@@ -257,13 +257,14 @@ class DeclarePolicy:
         for key, value in sorted(claimed.items()):
             if key in seen and _same(value, seen[key]):
                 continue
-            shown = _shown(value)
+            # the key goes in the reason, not the field: rejections are counted by field, and a
+            # caller chooses its keys (the field's label set must stay bounded)
             self._refuse(
                 "observed_attribute",
                 caller.peer.uid,
-                f"profiler_resource.attributes[{key}]",
-                f"{key}={shown} is observed identity that the sidecar does not see for pid {pid}; "
-                f"{TRUSTED_HINT}",
+                "profiler_resource",
+                f"attribute {_cut(key)}={_shown(value)} is observed identity that the sidecar "
+                f"does not see for pid {pid}; {TRUSTED_HINT}",
             )
 
     # -- counting -------------------------------------------------------------------------------
@@ -294,8 +295,11 @@ def _same(value: Any, seen: Any) -> bool:
     return False
 
 
+def _cut(text: str) -> str:
+    return text if len(text) <= 128 else text[:125] + "..."
+
+
 def _shown(value: Any) -> str:
     kind = value.WhichOneof("value")
     raw = getattr(value, kind) if kind else None
-    text = repr(raw) if isinstance(raw, str) else str(raw)
-    return text if len(text) <= 128 else text[:125] + "..."
+    return _cut(repr(raw) if isinstance(raw, str) else str(raw))
