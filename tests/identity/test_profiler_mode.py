@@ -133,8 +133,24 @@ def test_observed_keys() -> None:
         "process.creation.time",
         "container.id",
         "process.environment_variable.HOME",
+        # issue 23 item 3: what Kubernetes and the container runtime observe
+        "k8s.pod.name",
+        "k8s.namespace.name",
+        "k8s.container.name",
+        "k8s.deployment.name",
+        "k8s.pod.uid",
+        "container.name",
+        "container.image.name",
     ]
-    declared = ["service.name", "k8s.pod.name", "container.name", "process.runtime.name", "hostx"]
+    declared = [
+        "service.name",
+        "service.namespace",
+        "deployment.environment.name",
+        "process.runtime.name",
+        "hostx",
+        "k8sx",
+        "containerx",
+    ]
     assert [k for k in observed if not is_observed_key(k)] == []
     assert [k for k in declared if is_observed_key(k)] == []
 

@@ -85,6 +85,12 @@ devices:
 	return path
 }
 
+// profilerSocket is where the sidecar of the pull socket `socket` serves the profiler service
+// (its own unix socket, as the sidecar's default; the exporter declares there).
+func profilerSocket(socket string) string {
+	return strings.TrimSuffix(socket, ".sock") + "-profiler.sock"
+}
+
 // sidecar is a running `gpumetrics serve --simulate` on a unix socket.
 type sidecar struct {
 	cmd *exec.Cmd
@@ -97,7 +103,7 @@ func startSidecar(t testing.TB, scenario, socket string) *sidecar {
 	log, err := os.Create(logPath)
 	require.NoError(t, err)
 	cmd := exec.Command(sidecarCommand(t), "serve", "--simulate", scenario, "--listen", "unix:"+socket,
-		"--batch-interval", "1", "--node-name", "exporter-it")
+		"--profiler-listen", "unix:"+profilerSocket(socket), "--batch-interval", "1", "--node-name", "exporter-it")
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "GPUMETRICS_") {
 			cmd.Env = append(cmd.Env, kv)
@@ -239,7 +245,7 @@ func TestIntegrationRealSidecar(t *testing.T) {
 
 	env := newTestEnv(t)
 	cfg := createDefaultConfig().(*Config)
-	cfg.Endpoint = "unix://" + socket
+	cfg.Endpoint = "unix://" + profilerSocket(socket)
 	cfg.ExitCheckInterval = time.Hour // swept by hand below
 	cfg.ExpireAfter = 2 * time.Hour
 	require.NoError(t, cfg.Validate())
@@ -298,7 +304,7 @@ func BenchmarkIntegrationRealSidecar10k(b *testing.B) {
 		socket := filepath.Join(b.TempDir(), "gm.sock")
 		// The rig's recording listener is not started; point a fresh exporter at the sidecar.
 		cfg := *r.cfg
-		cfg.Endpoint = "unix://" + socket
+		cfg.Endpoint = "unix://" + profilerSocket(socket)
 		exp, err := newProfilesExporter(r.env.set, &cfg)
 		require.NoError(b, err)
 		require.NoError(b, exp.start(context.Background(), componenttest.NewNopHost()))

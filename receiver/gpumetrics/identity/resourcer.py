@@ -18,10 +18,10 @@ Two modes (:class:`~gpumetrics.identity.modes.IdentityMode`, ``docs/identity.md`
 2. what the process says about itself: ``OTEL_RESOURCE_ATTRIBUTES``, then ``OTEL_SERVICE_NAME``
    (strict, :mod:`.envparse`), then its OTEP 4719 context resource (declared, else read from the
    ``OTEL_CTX`` mapping). Tiers 1–2 may not set an observed key
-   (:func:`~gpumetrics.identity.modes.is_observed_key`: ``host.*``, ``k8s.node.name``,
-   ``process.pid``, ``process.executable.*``, ``process.owner``, ``process.creation.time``,
-   ``container.id``, ``process.environment_variable.*``): such keys are removed, whatever the
-   sidecar itself knows;
+   (:func:`~gpumetrics.identity.modes.is_observed_key`: ``host.*``, ``k8s.*``,
+   ``container.*``, ``process.pid``, ``process.executable.*``, ``process.owner``,
+   ``process.creation.time``, ``process.environment_variable.*``): such keys are removed,
+   whatever the sidecar itself knows;
 3. what the sidecar observes or is configured with: ``k8s.node.name`` (in Kubernetes) and
    ``host.name``; the ``k8s.*`` a resolver's ``__meta_kubernetes_*`` labels imply;
    ``process.owner``; ``process.creation.time``; the profiler mode's undeclared resource;
