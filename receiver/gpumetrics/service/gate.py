@@ -1,20 +1,24 @@
 """The server interceptor every call passes: authentication, stream slots, malformed requests.
 
-One :class:`Gatekeeper` per ``grpc.Server``:
+One :class:`Gatekeeper` per ``grpc.Server``, all of them sharing one :class:`StreamTable`:
 
 1. **Authentication** (:mod:`gpumetrics.service.auth`): the service's :class:`AuthPolicy` is
    checked against the call's bearer token; a refused call never reaches a servicer and is
    answered UNAUTHENTICATED or PERMISSION_DENIED. The check runs in grpcio's polling thread
    (it must be quick: a dictionary lookup and constant-time compares).
-2. **Stream slots, per service.** In grpcio's synchronous server each open streaming call holds
-   a worker thread for its whole life (style item 14; grpc PR #17747). So every service with
-   streaming methods (the profiler's ``StreamDeclarations``, reflection, go-plugin's
-   ``StreamStdio``) gets its own :class:`StreamSlots`: ``max_streams`` slots and a thread pool of
-   its own (grpcio's per-method ``experimental_thread_pool``), one thread more than its slots, so
-   one stream beyond the limit is refused with RESOURCE_EXHAUSTED at once. Streams never run on
-   the server's pool, which keeps all of its ``unary_workers`` threads for Pull, Check and
-   declarations, and one service's streams (four idle reflection streams, say) never take
-   another's slots. Health ``Watch`` is non-blocking (it holds no thread) and is not counted.
+2. **Stream slots, per service, for every listener together.** In grpcio's synchronous server
+   each open streaming call holds a worker thread for its whole life (style item 14; grpc PR
+   #17747). So every service with streaming methods (the profiler's ``StreamDeclarations``,
+   reflection, go-plugin's ``StreamStdio``) gets its own :class:`StreamSlots`: ``max_streams``
+   slots and a thread pool of its own (grpcio's per-method ``experimental_thread_pool``), one
+   thread more than its slots, so one stream beyond the limit is refused with RESOURCE_EXHAUSTED
+   at once. The slots are the :class:`StreamTable`'s, shared by the Gatekeepers of every server
+   of the sidecar: a service served on two listeners (reflection on the main and the profiler
+   socket) has ``max_streams`` slots in all, and reflection's ``v1`` and ``v1alpha`` (one
+   servicer) share theirs. Streams never run on the servers' pool, which keeps its
+   ``unary_workers`` threads for Pull, Check and declarations, and one service's streams (four
+   idle reflection streams, say) never take another's slots. Health ``Watch`` is non-blocking
+   (it holds no thread) and is not counted.
 3. **Malformed requests.** grpcio answers a request it cannot parse with INTERNAL; here the
    parse error becomes INVALID_ARGUMENT naming the message type, before any servicer code runs.
 
@@ -46,6 +50,8 @@ _NAME_MAX = 128  # the longest consumer or declarer name the services accept
 
 
 class _Malformed:
+    """What the tolerant parser returns instead of a request it refused (``error`` says why)."""
+
     __slots__ = ("error",)
 
     def __init__(self, error: Exception) -> None:
@@ -105,16 +111,65 @@ class StreamSlots:
             return self._cond.wait_for(lambda: self._open <= n, timeout)
 
 
+class StreamTable:
+    """The :class:`StreamSlots` of every streaming service, for every server that shares it.
+
+    Args:
+        limit: ``max_streams``: streaming calls open at once per service, all listeners
+            together (>= 1).
+        same_slots: service → the service whose slots it uses (reflection ``v1`` →
+            ``v1alpha``: one servicer under two names).
+
+    A service's slots are made on its first stream and kept until :meth:`close`.
+
+    """
+
+    def __init__(self, limit: int, same_slots: Mapping[str, str] | None = None) -> None:
+        if limit < 1:
+            raise ValueError(f"max_streams: must be >= 1, got {limit}")
+        self.limit = limit
+        self._same = dict(same_slots or {})
+        self._slots: dict[str, StreamSlots] = {}
+        self._lock = threading.Lock()
+
+    def slots(self, service: str) -> StreamSlots:
+        """Return the stream slots of ``service`` (made on first use)."""
+        key = self._same.get(service, service)
+        with self._lock:
+            slots = self._slots.get(key)
+            if slots is None:
+                slots = self._slots[key] = StreamSlots(self.limit, key)
+            return slots
+
+    def _every(self) -> list[StreamSlots]:
+        with self._lock:
+            return list(self._slots.values())
+
+    @property
+    def open(self) -> int:
+        """Streaming calls open now, all services together."""
+        return sum(s.open for s in self._every())
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Wait until no streaming call is open; False if ``timeout`` s passed first."""
+        return all(s.wait_open_at_most(0, timeout) for s in self._every())
+
+    def close(self) -> None:
+        """Release the stream threads (after every server sharing the table has stopped)."""
+        for s in self._every():
+            s.close()
+
+
 class Gatekeeper(grpc.ServerInterceptor):
     """Authentication, stream slots and malformed-request handling for one ``grpc.Server``.
 
     Args:
         auth: the configured tokens.
         policies: service name → policy; services not listed get ``default_policy``.
-        max_streams: streaming calls open at once per service (each service its own).
+        streams: the stream slots, shared with the other servers' Gatekeepers (the caller
+            closes it once every server has stopped).
         telemetry: receives ``gpumetrics.server.rejected_calls``.
         default_policy: policy of services not in ``policies`` (default: either token).
-        name: names the stream threads (``grpc-<role>-<service>``).
 
     """
 
@@ -122,20 +177,14 @@ class Gatekeeper(grpc.ServerInterceptor):
         self,
         auth: TokenAuth,
         policies: Mapping[str, AuthPolicy],
-        max_streams: int,
+        streams: StreamTable,
         telemetry: SelfTelemetry = NO_TELEMETRY,
         default_policy: AuthPolicy = AuthPolicy.ANY,
-        name: str = "grpc",
     ) -> None:
-        if max_streams < 1:
-            raise ValueError(f"max_streams: must be >= 1, got {max_streams}")
         self._auth = auth
         self._policies = dict(policies)
         self._default = default_policy
-        self.max_streams = max_streams
-        self._name = name
-        self._slots: dict[str, StreamSlots] = {}
-        self._slots_lock = threading.Lock()
+        self.streams = streams
         self._telemetry = telemetry
         self._logged_lock = threading.Lock()
         self._logged: set[tuple[str, str, str]] = set()
@@ -143,36 +192,6 @@ class Gatekeeper(grpc.ServerInterceptor):
     def set_policy(self, service: str, policy: AuthPolicy) -> None:
         """Set the policy of ``service`` (before the server starts)."""
         self._policies[service] = policy
-
-    def slots(self, service: str) -> StreamSlots:
-        """Return the stream slots of ``service`` (made on first use)."""
-        with self._slots_lock:
-            slots = self._slots.get(service)
-            if slots is None:
-                slots = self._slots[service] = StreamSlots(
-                    self.max_streams, f"{self._name}-{service}"
-                )
-            return slots
-
-    @property
-    def open_streams(self) -> int:
-        """Streaming calls open now, all services together."""
-        with self._slots_lock:
-            every = list(self._slots.values())
-        return sum(s.open for s in every)
-
-    def wait_streams_closed(self, timeout: float) -> bool:
-        """Wait until no streaming call is open; False if ``timeout`` s passed first."""
-        with self._slots_lock:
-            every = list(self._slots.values())
-        return all(s.wait_open_at_most(0, timeout) for s in every)
-
-    def close(self) -> None:
-        """Release the stream threads (after the server has stopped)."""
-        with self._slots_lock:
-            every = list(self._slots.values())
-        for s in every:
-            s.close()
 
     def intercept_service(
         self, continuation: Callable[[Any], Any], handler_call_details: Any
@@ -252,8 +271,8 @@ class Gatekeeper(grpc.ServerInterceptor):
             self._count(method, "too_many_streams", "stream limit reached")
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{slots.limit} streams of {service_of(method)} are open on this listener "
-                "(server.max_streams); retry later",
+                f"{slots.limit} streams of {service_of(method)} are open "
+                "(server.max_streams, all listeners together); retry later",
             )
         if not context.add_callback(slots.leave):
             slots.leave()  # the call had already ended
@@ -264,13 +283,11 @@ class Gatekeeper(grpc.ServerInterceptor):
             yield request
 
     def _wrap(self, handler: Any, method: str, service: str) -> Any:
-        parse = handler.request_deserializer
-        tolerant = _tolerant(parse)
+        tolerant = _tolerant(handler.request_deserializer)
         ser = handler.response_serializer
         check, checked = self._check, self._checked_iter
-        slots = (
-            self.slots(service) if handler.request_streaming or handler.response_streaming else None
-        )
+        streaming = handler.request_streaming or handler.response_streaming
+        slots = self.streams.slots(service) if streaming else None
 
         def enter(context: Any, method: str) -> None:
             assert slots is not None

@@ -222,11 +222,14 @@ class ServerSettings(SettingsModel):
             a Pull that finds it used up is answered UNAVAILABLE (retry later), one that finds
             part of it gets a shorter answer. Memory of answers in flight stays below about
             twice this. Unset: 32 MiB, or ``pull_max_bytes`` when that is larger.
-        max_streams: streaming calls open at once per streaming service and listener group
-            (each holds a thread of that service's own pool).
-        unary_workers: threads for unary calls (streams never use them).
+        max_streams: streaming calls open at once per streaming service, every listener
+            together (each holds a thread of that service's own pool; reflection v1 and
+            v1alpha are one service here).
+        unary_workers: threads for unary calls, shared by the ``listen`` and
+            ``profiler_listen`` listeners (streams never use them; ``health_listen`` has two
+            of its own).
         max_concurrent_rpcs: calls accepted at once per server (running or queued); beyond,
-            RESOURCE_EXHAUSTED.
+            RESOURCE_EXHAUSTED. A queued call's request is not read until a thread takes it.
         max_declarations_per_request: entries per DeclareProcesses/ReportExits request.
         reflection: serve gRPC server reflection (``buf curl`` and ``grpcurl`` use it).
         keepalive_time_s: HTTP/2 keepalive ping interval, so dead peers free their stream.
