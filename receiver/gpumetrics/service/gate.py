@@ -19,8 +19,12 @@ One :class:`Gatekeeper` per ``grpc.Server``, all of them sharing one :class:`Str
    ``unary_workers`` threads for Pull, Check and declarations, and one service's streams (four
    idle reflection streams, say) never take another's slots. Health ``Watch`` is non-blocking
    (it holds no thread) and is not counted.
-3. **Malformed requests.** grpcio answers a request it cannot parse with INTERNAL; here the
-   parse error becomes INVALID_ARGUMENT naming the message type, before any servicer code runs.
+3. **Malformed and oversized requests.** grpcio answers a request it cannot parse with INTERNAL;
+   here the parse error becomes INVALID_ARGUMENT naming the message type, before any servicer
+   code runs. A request whose type can hold repeated fields is first counted on the wire
+   (:mod:`gpumetrics.service.wirecount`): one of more than ``max_elements`` repeated elements
+   is answered RESOURCE_EXHAUSTED without being parsed, so its parsed form stays near its wire
+   size.
 
 Refusals are counted in ``gpumetrics.server.rejected_calls{rpc.method, reason}`` and logged at
 WARNING the first time for each method, refusal message (a missing token and a wrong one are two)
@@ -30,6 +34,7 @@ at most 256 such keys are remembered, so an unauthenticated client cannot grow t
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -42,6 +47,8 @@ from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 from gpumetrics.service.auth import AuthPolicy, Denial, TokenAuth
 from gpumetrics.service.names import service_of
 from gpumetrics.service.profiler import DECLARER_METADATA_KEY
+from gpumetrics.service.settings import REQUEST_BYTES_PER_ELEMENT
+from gpumetrics.service.wirecount import Shape, TooManyElements, count_elements, shape_of
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +177,8 @@ class Gatekeeper(grpc.ServerInterceptor):
             closes it once every server has stopped).
         telemetry: receives ``gpumetrics.server.rejected_calls``.
         default_policy: policy of services not in ``policies`` (default: either token).
+        max_elements: repeated elements a request may hold
+            (:mod:`gpumetrics.service.wirecount`); None: not counted.
 
     """
 
@@ -180,11 +189,15 @@ class Gatekeeper(grpc.ServerInterceptor):
         streams: StreamTable,
         telemetry: SelfTelemetry = NO_TELEMETRY,
         default_policy: AuthPolicy = AuthPolicy.ANY,
+        max_elements: int | None = None,
     ) -> None:
+        if max_elements is not None and max_elements < 1:
+            raise ValueError(f"max_elements: must be >= 1, got {max_elements}")
         self._auth = auth
         self._policies = dict(policies)
         self._default = default_policy
         self.streams = streams
+        self._max_elements = max_elements
         self._telemetry = telemetry
         self._logged_lock = threading.Lock()
         self._logged: set[tuple[str, str, str]] = set()
@@ -240,7 +253,9 @@ class Gatekeeper(grpc.ServerInterceptor):
 
         A unary request is parsed (tolerantly) only to name its ``consumer`` in the log.
         """
-        parse = _tolerant(handler.request_deserializer) if not handler.request_streaming else None
+        parse = (
+            self._tolerant(handler.request_deserializer) if not handler.request_streaming else None
+        )
 
         def refuse(request: Any, context: Any) -> Any:
             consumer = getattr(request, "consumer", "") or declarer
@@ -259,12 +274,21 @@ class Gatekeeper(grpc.ServerInterceptor):
     # -- wrapping -------------------------------------------------------------------------------
 
     def _check(self, request: Any, context: Any, method: str) -> None:
-        if isinstance(request, _Malformed):
-            self._count(method, "malformed_request", str(request.error))
+        if not isinstance(request, _Malformed):
+            return
+        error = request.error
+        if isinstance(error, TooManyElements):
+            self._count(method, "too_many_elements", str(error))
             context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"request: not a valid message for {method}: {type(request.error).__name__}",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"request: {error} (server.max_receive_message_bytes / "
+                f"{REQUEST_BYTES_PER_ELEMENT}); split it into smaller requests",
             )
+        self._count(method, "malformed_request", str(error))
+        context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"request: not a valid message for {method}: {type(error).__name__}",
+        )
 
     def _enter_stream(self, context: Any, method: str, slots: StreamSlots) -> None:
         if not slots.try_enter():
@@ -283,7 +307,7 @@ class Gatekeeper(grpc.ServerInterceptor):
             yield request
 
     def _wrap(self, handler: Any, method: str, service: str) -> Any:
-        tolerant = _tolerant(handler.request_deserializer)
+        tolerant = self._tolerant(handler.request_deserializer)
         ser = handler.response_serializer
         check, checked = self._check, self._checked_iter
         streaming = handler.request_streaming or handler.response_streaming
@@ -344,18 +368,36 @@ class Gatekeeper(grpc.ServerInterceptor):
 
         return grpc.stream_stream_rpc_method_handler(own_threads(stream_stream), tolerant, ser)
 
+    def _tolerant(self, parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+        """Wrap a request parser: a refused request becomes a :class:`_Malformed`.
 
-def _tolerant(parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
-    if parse is None:
-        return None
+        Runs where grpcio parses requests: on the server's polling thread, one at a time.
+        """
+        if parse is None:
+            return None
+        limit = self._max_elements
+        shape = _request_shape(parse) if limit is not None else None
 
-    def tolerant(data: bytes) -> Any:
-        try:
-            return parse(data)
-        except Exception as exc:  # noqa: BLE001 - any parse failure is the caller's bad input
-            return _Malformed(exc)
+        def tolerant(data: bytes) -> Any:
+            try:
+                if shape is not None and limit is not None:
+                    count_elements(data, shape, limit)
+                return parse(data)
+            except Exception as exc:  # noqa: BLE001 - any parse failure is the caller's bad input
+                return _Malformed(exc)
 
-    return tolerant
+        return tolerant
+
+
+def _request_shape(parse: Callable[[bytes], Any]) -> Shape | None:
+    """Return the wire shape of the type a generated ``Message.FromString`` parses, if any."""
+    descriptor = getattr(getattr(parse, "__self__", None), "DESCRIPTOR", None)
+    return _shape_of(descriptor) if descriptor is not None else None
+
+
+@functools.lru_cache(maxsize=256)
+def _shape_of(descriptor: Any) -> Shape | None:
+    return shape_of(descriptor)  # once per request type: handlers are wrapped for every call
 
 
 def _metadata_value(metadata: Any, key: str) -> str:

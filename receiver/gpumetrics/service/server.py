@@ -15,8 +15,8 @@ thread pool of ``unary_workers`` threads for their unary calls (grpcio's server 
 a pool it was given: ``grpc._server`` only submits to it, so the sidecar shuts it down once both
 servers have stopped), and one :class:`~gpumetrics.service.gate.StreamTable` of per-service
 stream slots on threads of their own, which their
-:class:`~gpumetrics.service.gate.Gatekeeper` s (tokens, stream slots, malformed requests)
-share. HTTP/2 BDP probing is off on every server (``grpc.http2.bdp_probe``), so the
+:class:`~gpumetrics.service.gate.Gatekeeper` s (tokens, stream slots, malformed and oversized
+requests) share. HTTP/2 BDP probing is off on every server (``grpc.http2.bdp_probe``), so the
 request of a call that waits for a thread stays unread beyond the 64 KiB stream window: with
 it on, gRPC core widens the window and buffers the whole message of every queued call (4 MiB
 each, measured), however few threads read. The health listener keeps two threads of its own, so
@@ -250,7 +250,13 @@ class SidecarServer:
             )
             pool, most = self._health_pool, 4 * _HEALTH_WORKERS
         else:
-            gate = Gatekeeper(self._auth, _BASE_POLICIES, self._streams, self._telemetry)
+            gate = Gatekeeper(
+                self._auth,
+                _BASE_POLICIES,
+                self._streams,
+                self._telemetry,
+                max_elements=s.max_request_elements,
+            )
             pool, most = self._pool, s.max_concurrent_rpcs
         server = grpc.server(
             pool,

@@ -93,6 +93,13 @@ ENVELOPE_BYTES = 64 * 1024
 
 _UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL (unix(7))
 
+REQUEST_BYTES_PER_ELEMENT = 128
+"""A request may hold one repeated element per this many bytes of ``max_receive_message_bytes``
+(32,768 with the default 4 MiB; :mod:`gpumetrics.service.wirecount`). A parsed element takes at
+most about 80 bytes (upb; an empty ``ProcessDeclaration``, measured), so a request's parsed
+form stays within two thirds of the receive limit beyond its wire size: 4,096 declarations of
+one environment variable each fit."""
+
 
 @dataclass(frozen=True)
 class ListenAddress:
@@ -210,7 +217,9 @@ class ServerSettings(SettingsModel):
             signed (mTLS).
         pull_token_file, declare_token_file: files of bearer tokens (one per line) that may pull
             / declare; None: that service needs no token.
-        max_receive_message_bytes: largest request accepted; larger ones get RESOURCE_EXHAUSTED.
+        max_receive_message_bytes: largest request accepted; larger ones get RESOURCE_EXHAUSTED,
+            as do requests of more than one repeated element per
+            :data:`REQUEST_BYTES_PER_ELEMENT` bytes of it (:attr:`max_request_elements`).
         max_send_message_bytes: largest response sent.
         pull_default_max_bytes: answer size of a Pull that sets no ``max_bytes``; it also
             bounds every stored batch (larger collections are split), so any batch fits a
@@ -390,6 +399,11 @@ class ServerSettings(SettingsModel):
     def serves_profiler_on_listen(self) -> bool:
         """True when the profiler service shares the ``listen`` listeners."""
         return not self.profiler_listen
+
+    @property
+    def max_request_elements(self) -> int:
+        """Repeated elements one request may hold (see ``max_receive_message_bytes``)."""
+        return self.max_receive_message_bytes // REQUEST_BYTES_PER_ELEMENT
 
     @property
     def declare_authenticated(self) -> bool:
