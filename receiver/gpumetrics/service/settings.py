@@ -93,9 +93,18 @@ ENVELOPE_BYTES = 64 * 1024
 
 _UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL (unix(7))
 
+DEFAULT_MAX_RECEIVE_BYTES = 1024 * 1024
+"""Default ``max_receive_message_bytes``: 1 MiB, a quarter of gRPC's own default. A thread that
+reads a request holds up to about 2.6 times its size (gRPC's buffer and its copy as bytes, about
+twice, measured; the parsed elements, :data:`REQUEST_BYTES_PER_ELEMENT`), and 16 threads may
+read at once with the default limits, so this is 42 MiB of the memory ceiling
+(``docs/deployment.md``, "Memory"); 4 MiB would make it 168 MiB. A declaration is at most about
+200 KiB (three fields of 64 KiB), so 1 MiB holds five at their largest, or about 1,600 typical
+ones (646 bytes each)."""
+
 REQUEST_BYTES_PER_ELEMENT = 128
 """A request may hold one repeated element per this many bytes of ``max_receive_message_bytes``
-(32,768 with the default 4 MiB; :mod:`gpumetrics.service.wirecount`). A parsed element takes at
+(8,192 with the default 1 MiB; :mod:`gpumetrics.service.wirecount`). A parsed element takes at
 most about 80 bytes (upb; an empty ``ProcessDeclaration``, measured), so a request's parsed
 form stays within two thirds of the receive limit beyond its wire size: 4,096 declarations of
 one environment variable each fit."""
@@ -259,7 +268,7 @@ class ServerSettings(SettingsModel):
     tls_client_ca_file: Path | None = None
     pull_token_file: Path | None = None
     declare_token_file: Path | None = None
-    max_receive_message_bytes: int = Field(default=4 * MiB, ge=ENVELOPE_BYTES)
+    max_receive_message_bytes: int = Field(default=DEFAULT_MAX_RECEIVE_BYTES, ge=ENVELOPE_BYTES)
     max_send_message_bytes: int = Field(default=64 * MiB, ge=2 * ENVELOPE_BYTES)
     pull_default_max_bytes: int = Field(default=DEFAULT_PULL_MAX_BYTES, gt=0)
     pull_max_bytes: int = Field(default=DEFAULT_PULL_MAX_ANSWER_BYTES, gt=0)
