@@ -426,7 +426,7 @@ class SidecarServer:
             except BaseException:
                 self._stopped = True
                 for g in self._groups():
-                    g.server.stop(0)
+                    g.server.stop(0).wait()  # before their pools are shut down
                 for relay in self._relays:
                     relay.stop()
                 self._release_threads()
