@@ -40,6 +40,9 @@ class ProcessResourcer(Protocol):
 
         """
 
+    def schema_url(self, pid: int) -> str:
+        """Return the schema URL of the resource last put for ``pid`` ("" for none)."""
+
 
 class Renderer(Protocol):
     """Anything that can append self-telemetry metrics to a repeated ``Metric`` field."""
@@ -181,6 +184,8 @@ class Producer:
             attrs[names.AttrProcessPID] = pid  # always the int pid, whatever the resourcer did
             rm = resources.add()
             encode_attributes(rm.resource.attributes, attrs.items())
+            if resourcer is not None:  # the declared resource's schema URL (docs/identity.md)
+                rm.schema_url = resourcer.schema_url(pid)
             sm = self._new_scope_metrics(rm, self._scope)
             written = self._encode_buffer(sm.metrics, buf, cache)
             if not written:
