@@ -265,6 +265,13 @@ func (e *profilesExporter) declare(client *declarer.Client, attrs pcommon.Map, s
 	case err == nil:
 		e.misses.forget(pid)
 		e.tracker.declared(pid, start, fp, now)
+		if ce := e.logger.Check(zap.DebugLevel, "Declared a profiled process to the gpumetrics sidecar"); ce != nil {
+			exe := ""
+			if v, ok := attrs.Get(attrExecutablePath); ok {
+				exe = v.AsString()
+			}
+			ce.Write(zap.Uint32("pid", pid), zap.Uint64("start_time_ticks", start), zap.String("executable", exe))
+		}
 	case errors.Is(err, declarer.ErrFull):
 		e.warnOnce(reasonCapacity, "'max_processes' processes are declared; profiles of new processes are not declared until some exit",
 			zap.Int("max_processes", e.cfg.MaxProcesses))

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/pprofile"
 	"go.opentelemetry.io/otel/attribute"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/gpumetrics/gpumetrics/collector/internal/declaretest"
@@ -51,6 +52,9 @@ func TestTwoResourcesOfOnePidTheNewestIsDeclared(t *testing.T) {
 			events := r.srv.WaitFor(t, "declare(900) and declare(901)", allDeclared([]uint32{900, 901}))
 			assert.Equal(t, 1, countKind(events, "declare", 900), "only one of the two is declared")
 			assert.Equal(t, "/usr/bin/dash", declaredAttrs(t, declaretest.LastDeclare(events, 900))["process.executable.path"])
+			logged := r.env.logs.FilterMessage("Declared a profiled process to the gpumetrics sidecar").FilterField(zap.Uint32("pid", 900)).All()
+			require.Len(t, logged, 1)
+			assert.Equal(t, "/usr/bin/dash", logged[0].ContextMap()["executable"])
 		})
 	}
 }
