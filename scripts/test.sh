@@ -33,7 +33,8 @@ if [ ! -x "${VENV:-.venv}/bin/python" ] || ! compgen -G "${XDG_CACHE_HOME:-$HOME
    for the oldest supported nvidia-ml-py) and buf (npm), Go modules for the receiver's tests, the
    relabel oracle (Prometheus) and the Kubernetes checks (client-go, k8s.io/api, Helm built with
    go install) from the Go module proxy and, for the end-to-end stage, the Collector Builder and
-   grpcurl, then builds otelcol-gpumetrics: several GB in ~/go and ~/.cache. Measured pieces on
+   grpcurl and the OpenTelemetry eBPF profiler's module, then builds otelcol-gpumetrics and the
+   profiler: several GB in ~/go and ~/.cache. Measured pieces on
    2 cores: Helm ~6 min, the Kubernetes modules ~2 min, the Collector build a few; expect 15-20
    minutes in all. Later runs download nothing and reuse the cached binaries.
    GPUMETRICS_SKIP_E2E=1 skips the Collector build and the end-to-end stage.
