@@ -105,7 +105,11 @@ def test_variable_that_is_not_utf8_is_replaced_counted_and_logged_once_per_proce
     now[0] += NOT_UTF8_WARN_INTERVAL_NS
     r.resource(PID + 2)
     assert r.stats()["env_var_not_utf8"] == 3
-    logged = [(rec.levelname, rec.getMessage()) for rec in caplog.records]
+    logged = [
+        (rec.levelname, rec.getMessage())
+        for rec in caplog.records
+        if rec.name == "gpumetrics.identity.resourcer"
+    ]
     assert [level for level, _ in logged] == ["WARNING", "DEBUG", "WARNING"]
     assert logged[0][1].startswith(f"pid {PID}: BAD, WORSE are not UTF-8; ")
     assert logged[1][1].startswith(f"pid {PID + 1}: BAD, WORSE are not UTF-8; ")
