@@ -120,9 +120,12 @@ _MSG = re.compile(r'msg="((?:[^"\\]|\\.)*)"')
 
 def load_failure(log: str) -> str | None:
     """What a profiler log says refused its eBPF programs (a skip), or None: the message of its
-    ERROR record (slog's ``msg="..."``), or the ``mount`` error of the private tracefs mount."""
+    ERROR record (slog's ``msg="..."``), or the ``unshare``/``mount`` error of the private
+    tracefs mount (no CAP_SYS_ADMIN)."""
     for line in log.splitlines():
-        if ("level=ERROR" in line or line.startswith("mount:")) and _LOAD_FAILURE.search(line):
+        if line.startswith(("mount:", "unshare:")):
+            return line.strip()
+        if "level=ERROR" in line and _LOAD_FAILURE.search(line):
             m = _MSG.search(line)
             return m.group(1).replace('\\"', '"') if m else line.strip()
     return None

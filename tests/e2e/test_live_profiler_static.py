@@ -42,7 +42,12 @@ def test_kernel_refusals_are_skips_with_the_profilers_message() -> None:
         'configure tracepoint on tracer.hookPoint{group:"sched", name:"sched_process_free"}: '
         "neither debugfs nor tracefs are mounted"
     )
-    assert load_failure("mount: /sys/kernel/tracing: permission denied.") is not None
+    assert load_failure("mount: /sys/kernel/tracing: permission denied.") == (
+        "mount: /sys/kernel/tracing: permission denied."
+    )
+    assert load_failure("unshare: unshare failed: Operation not permitted\n") == (
+        "unshare: unshare failed: Operation not permitted"
+    )
 
 
 def test_other_exits_are_failures() -> None:
