@@ -25,7 +25,7 @@ from gpumetrics.identity.procfs import ProcfsReader
 from gpumetrics.nvml.context import DEFAULT_PID_MAX
 from gpumetrics.selftelemetry import Telemetry
 from gpumetrics.service import SidecarHealth, SidecarServer
-from gpumetrics.store import BatchStore
+from gpumetrics.store import LOGS, BatchStore
 
 from ..store.conftest import Clock
 
@@ -56,7 +56,7 @@ class InProcessSidecar:
         self.config = config = SidecarConfig.model_validate(data)
         telemetry = Telemetry()
         self.store = BatchStore(config.store.limits(), telemetry=telemetry, clock=self.clock)
-        self.logs_store = BatchStore(config.log_store_limits(), clock=self.clock)
+        self.logs_store = BatchStore(config.log_store_limits(), clock=self.clock, signal=LOGS)
         ident = config.identity
         procfs = ProcfsReader(
             ident.proc_root,

@@ -192,15 +192,23 @@ def child() -> Iterator[subprocess.Popen[bytes]]:
         "OTEL_SERVICE_NAME": "live-trainer",
         "CUDA_VISIBLE_DEVICES": "3",
     }
+    # The child says when it runs: until its exec, /proc/<pid>/environ is still the parent's
+    # (a loaded machine showed it: the test read the parent's environment).
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, env=env
+        [sys.executable, "-c", "import sys; print('running', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
     )
     try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"running\n"
         yield proc
     finally:
-        assert proc.stdin is not None
+        assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.close()
         proc.wait(timeout=30)
+        proc.stdout.close()
 
 
 def test_live_process(child: subprocess.Popen[bytes]) -> None:

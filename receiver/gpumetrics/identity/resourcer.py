@@ -34,10 +34,18 @@ Tier 2 is the eBPF profiler PR #1343's order (context over environment). A decla
 is empty falls back to our own read of the same thing (procfs ``environ``, the ``OTEL_CTX``
 mapping).
 
+Every resource, in both modes, is then cut to the resource limits (:mod:`.resource_limits`: the
+OpenTelemetry SDK's attribute value length and count limits, and a byte limit), since it is
+copied into every batch; what is cut is counted in ``gpumetrics.identity.attributes.limited``
+and logged once per reason.
+
 Results are cached per pid and reused while the live start time, the declaration object and the
 process context's publication timestamp are unchanged and the entry is younger than
 ``procfs_ttl_ns`` (``exec`` keeps pid and start time but changes ``comm``/``exe``); a cache hit
 costs one ``stat`` read (plus a 32-byte header read for undeclared processes in enriched mode).
+The cache holds at most ``cache_size`` processes and ``cache_max_bytes`` of resources (each
+entry charged its estimated memory, :func:`~gpumetrics.identity.footprint.deep_size`), least
+recently used first out.
 """
 
 from __future__ import annotations
@@ -57,7 +65,9 @@ from gpumetrics.identity.attrs import AttrValue
 from gpumetrics.identity.declaration import Declared
 from gpumetrics.identity.declared import DeclaredStore
 from gpumetrics.identity.envparse import SERVICE_NAME, env_resource
+from gpumetrics.identity.footprint import ALLOCATOR_FACTOR, deep_size
 from gpumetrics.identity.labels import labels_to_attributes, meta_to_attributes, process_labels
+from gpumetrics.identity.limits import DEFAULT_RESOURCE_CACHE_MAX_BYTES
 from gpumetrics.identity.modes import (
     PROFILER_SCHEMA_URL,
     IdentityMode,
@@ -69,12 +79,24 @@ from gpumetrics.identity.processctx import ProcessContext, ProcessContextReader
 from gpumetrics.identity.procfs import ProcfsReader
 from gpumetrics.identity.relabel import relabel
 from gpumetrics.identity.relabel_config import RelabelConfig, parse_relabel_configs
+from gpumetrics.identity.resource_limits import ResourceLimits, limit_resource
+from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 
 log = logging.getLogger(__name__)
 
 NOT_UTF8_WARN_INTERVAL_NS = 60_000_000_000
 """Least time between two WARNINGs about processes whose variables are not UTF-8 (monotonic
 ns); the processes in between are logged at DEBUG."""
+
+LIMITED = "gpumetrics.identity.attributes.limited"
+"""Self-telemetry counter of attributes truncated or discarded by the resource limits."""
+
+_LIMIT_SETTINGS = {
+    "value_length": ("truncated", "attribute_value_length_limit"),
+    "count": ("discarded", "attribute_count_limit"),
+    "max_bytes": ("discarded", "max_bytes"),
+    "unencodable": ("discarded (OTLP cannot encode its value)", ""),
+}
 
 
 class LabelResolver(Protocol):
@@ -106,6 +128,7 @@ class _Cached:
     ctx_ts: int | None
     computed_at_ns: int
     resource: dict[str, AttrValue] | None  # None: dropped by a relabel rule
+    size: int  # estimated memory (By), charged to the cache's byte budget
     schema_url: str
     not_utf8: bool  # a configured variable's value was not UTF-8 (counted and logged)
 
@@ -126,8 +149,12 @@ class ProcessResourcer:
         host_name: ``host.name``; defaults to ``node_name`` outside Kubernetes.
         procfs_ttl_ns: how long procfs-derived values are reused (monotonic ns).
         cache_size: processes cached (least recently used evicted).
+        cache_max_bytes: estimated memory (By) of the cached resources; beyond it the least
+            recently used are evicted.
         clock: monotonic ns clock.
         empty_service_name_is_set: see :func:`gpumetrics.identity.envparse.env_resource`.
+        limits: the bounds every resource is cut to (:class:`ResourceLimits`).
+        telemetry: counts ``gpumetrics.identity.attributes.limited{reason}``.
 
     Thread-safe; procfs is read outside the lock.
 
@@ -150,9 +177,12 @@ class ProcessResourcer:
         host_name: str | None = None,
         procfs_ttl_ns: int = 60_000_000_000,
         cache_size: int = 131072,
+        cache_max_bytes: int = DEFAULT_RESOURCE_CACHE_MAX_BYTES,
         clock: Callable[[], int] = time.monotonic_ns,
         empty_service_name_is_set: bool = False,
         mode: IdentityMode | str = IdentityMode.PROFILER,
+        limits: ResourceLimits | None = None,
+        telemetry: SelfTelemetry = NO_TELEMETRY,
     ) -> None:
         self._mode = IdentityMode(mode)
         if self._mode is IdentityMode.PROFILER:
@@ -167,6 +197,10 @@ class ProcessResourcer:
         self._host = host_name if host_name is not None else (None if in_kubernetes else node_name)
         self._ttl = procfs_ttl_ns
         self._cache_size = cache_size
+        self._cache_max_bytes = cache_max_bytes
+        self._cache_bytes = 0
+        self._limits = limits or ResourceLimits()
+        self._telemetry = telemetry
         self._clock = clock
         self._empty_sn = empty_service_name_is_set
         uname = os.uname()
@@ -188,6 +222,8 @@ class ProcessResourcer:
                 "env_discarded",
                 "env_var_not_utf8",
                 "resolver_errors",
+                "attributes_truncated",
+                "attributes_discarded",
             ),
             0,
         )
@@ -203,11 +239,12 @@ class ProcessResourcer:
         ``cache_hits``, ``cache_misses``, ``dropped`` (by relabeling), ``env_discarded``
         (malformed ``OTEL_*`` variables, enriched mode), ``env_var_not_utf8`` (processes with a
         configured variable whose value is not UTF-8, counted once per process: its invalid
-        bytes are replaced, :mod:`gpumetrics.identity.utf8`), ``resolver_errors``, ``cached``
-        (processes).
+        bytes are replaced, :mod:`gpumetrics.identity.utf8`), ``resolver_errors``,
+        ``attributes_truncated`` / ``attributes_discarded`` (by the resource limits, each time a
+        resource was built), ``cached`` (processes), ``cached_bytes`` (their estimated memory).
         """
         with self._lock:
-            return {**self._n, "cached": len(self._cache)}
+            return {**self._n, "cached": len(self._cache), "cached_bytes": self._cache_bytes}
 
     def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
         """Add the resource attributes of ``pid`` to ``attrs``.
@@ -271,20 +308,28 @@ class ProcessResourcer:
         not_utf8: list[str] = []
         resource = self._compute(pid, live, start, declared, ctx, not_utf8)
         schema_url = self._schema_url(declared)
+        size = 0
+        if resource is not None:
+            resource = self._limit(pid, resource)
+            size = int(deep_size(resource) * ALLOCATOR_FACTOR)
         with self._lock:
             if resource is None:
                 self._n["dropped"] += 1
-            old = self._cache.get(pid)
+            old = self._cache.pop(pid, None)
+            if old is not None:
+                self._cache_bytes -= old.size
             # once per process: a recomputation for the same process was counted already
             first = bool(not_utf8) and not (old is not None and old.start == start and old.not_utf8)
             if first:
                 self._n["env_var_not_utf8"] += 1
             self._cache[pid] = _Cached(
-                start, declared, ctx_ts, now, resource, schema_url, bool(not_utf8)
+                start, declared, ctx_ts, now, resource, size, schema_url, bool(not_utf8)
             )
-            self._cache.move_to_end(pid)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            self._cache_bytes += size
+            while len(self._cache) > 1 and (
+                len(self._cache) > self._cache_size or self._cache_bytes > self._cache_max_bytes
+            ):
+                self._cache_bytes -= self._cache.popitem(last=False)[1].size
         if first:
             self._warn_not_utf8(pid, not_utf8, now)
         return resource
@@ -295,6 +340,35 @@ class ProcessResourcer:
         if declared is not None and declared.profiler_attributes:
             return declared.schema_url
         return PROFILER_SCHEMA_URL
+
+    def _limit(self, pid: int, resource: dict[str, AttrValue]) -> dict[str, AttrValue]:
+        """``resource`` cut to the resource limits; what was cut counted and logged once."""
+        limited = limit_resource(resource, self._limits)
+        if not limited.cut:
+            return resource
+        by_reason: dict[str, int] = {}
+        for _, reason in limited.cut:
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+        with self._lock:
+            truncated = by_reason.get("value_length", 0)
+            self._n["attributes_truncated"] += truncated
+            self._n["attributes_discarded"] += len(limited.cut) - truncated
+        for reason, n in by_reason.items():
+            self._telemetry.add(LIMITED, n, {"reason": reason})
+            key = next(k for k, r in limited.cut if r == reason)
+            what, setting = _LIMIT_SETTINGS[reason]
+            where = f" (identity.resource_limits.{setting})" if setting else ""
+            self._warn_once(
+                f"limit:{reason}",
+                "pid %d: %d resource attribute(s) %s%s, first %r; counted in %s, logged once",
+                pid,
+                n,
+                what,
+                where,
+                key[:80],
+                LIMITED,
+            )
+        return limited.attributes
 
     def _read_context(
         self, pid: int, live: int | None, declared: Declared | None

@@ -46,6 +46,8 @@ class CollectionSettings(BaseModel):
 
     - ``device_backoff_initial_s`` (2.0) / ``device_backoff_max_s`` (60.0): probes of a failed
       device (GPU lost, handle unavailable, F10/F11); nothing else is called on it meanwhile.
+      The event listener retries a GPU whose registration answered UNKNOWN on the same
+      back-off (real time, per GPU).
     - ``init_backoff_initial_s`` (1.0) / ``init_backoff_max_s`` (30.0): NVML init retries (F14).
     - ``max_version_mismatch_inits`` (5): after this many consecutive inits answering
       LIB_RM_VERSION_MISMATCH the collector requests a non-zero exit (F12), since nvidia-ml-py
