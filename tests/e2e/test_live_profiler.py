@@ -34,6 +34,7 @@ from .harness import (
     free_port,
     log_records,
     procs,
+    profiler_address,
     sidecar_argv,
     wait_for,
 )
@@ -171,6 +172,7 @@ def run(
     env = clean_environ(
         {
             "SIDECAR_ENDPOINT": f"unix://{sock}",
+            "SIDECAR_PROFILER_ENDPOINT": profiler_address(f"unix:{sock}"),
             "OTLP_GRPC_ENDPOINT": otlp,
             "OTELCOL_TELEMETRY_PORT": str(telemetry_port),
             "E2E_OUTPUT": str(metrics_out),

@@ -306,7 +306,7 @@ func TestIntegrationNotUTF8AndSchemaURL(t *testing.T) {
 
 	env := newTestEnv(t)
 	cfg := createDefaultConfig().(*Config)
-	cfg.Endpoint = "unix://" + socket
+	cfg.Endpoint = "unix://" + profilerSocket(socket)
 	require.NoError(t, cfg.Validate())
 	exp, err := newProfilesExporter(env.set, cfg)
 	require.NoError(t, err)
