@@ -49,6 +49,8 @@ def placeholders(tmp: Path) -> dict[str, str]:
         "E2E_OUTPUT": str(tmp / "metrics.jsonl"),
         "E2E_PROFILES_OUTPUT": str(tmp / "profiles.jsonl"),
         "OTLP_HTTP_ENDPOINT": "127.0.0.1:4318",
+        "OTLP_GRPC_ENDPOINT": "127.0.0.1:4317",
+        "OTELCOL_TELEMETRY_PORT": "8888",
         "DOWNSTREAM_ENDPOINT": "127.0.0.1:4317",
         "E2E_STORAGE_DIR": str(tmp / "queue"),
         "E2E_EVENTS_OUTPUT": str(tmp / "events.jsonl"),
@@ -89,6 +91,7 @@ def test_collector_configs_exist() -> None:
         "e2e-subprocess.yaml",
         "e2e-remote.yaml",
         "e2e-profiles.yaml",
+        "e2e-live-profiler.yaml",
     } <= names
     assert [p.name for p in PROFILER_CONFIGS] == ["ebpf-profiler.yaml"]
 
@@ -173,7 +176,12 @@ def test_e2e_configs_give_what_the_tests_read(path: Path) -> None:
         assert "compression" not in file_exporter  # compressed records are length-prefixed
     if "logs" in config["service"]["pipelines"]:  # the GPU events (test_events)
         assert config["service"]["pipelines"]["logs"]["exporters"] == ["file/events"]
-    assert config["service"]["telemetry"]["metrics"]["level"] == "none"
+    metrics = config["service"]["telemetry"]["metrics"]
+    if "readers" in metrics:  # the test reads them (test_live_profiler), on a port it chose
+        (prometheus,) = [r["pull"]["exporter"]["prometheus"] for r in metrics["readers"]]
+        assert prometheus == {"host": "127.0.0.1", "port": "${env:OTELCOL_TELEMETRY_PORT}"}
+    else:  # no fixed internal-telemetry port (8888) that parallel runs would fight over
+        assert metrics["level"] == "none"
     assert config["service"]["telemetry"]["logs"]["encoding"] == "json"
     assert config["service"]["telemetry"]["logs"]["level"] == "debug"  # go-plugin's messages
 

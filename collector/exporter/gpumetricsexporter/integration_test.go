@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
 	"go.opentelemetry.io/collector/pdata/pprofile"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -150,6 +151,8 @@ type puller struct {
 	pull gpumetricsv1.MetricsPullServiceClient
 	ack  uint64
 	ep   string
+	// schemaURL is the schema_url of the ResourceMetrics resource last returned.
+	schemaURL string
 }
 
 func newPuller(t *testing.T, socket string) *puller {
@@ -184,6 +187,7 @@ func (p *puller) resource(t *testing.T, pid int) map[string]any {
 		attrs := rms.At(i).Resource().Attributes()
 		if v, ok := attrs.Get("process.pid"); ok && v.Type() == pcommon.ValueTypeInt && v.Int() == int64(pid) {
 			found = attrs.AsRaw()
+			p.schemaURL = rms.At(i).SchemaUrl()
 		}
 	}
 	return found
@@ -287,6 +291,40 @@ func TestIntegrationRealSidecar(t *testing.T) {
 	p.waitResource(t, sc, pid, "no declared container.id after the exit", func(r map[string]any) bool { return r["container.id"] == nil })
 	assert.Equal(t, int64(1), env.metric(t, "otelcol_gpumetrics_exporter_processes_exited"))
 	assert.Zero(t, env.metric(t, "otelcol_gpumetrics_exporter_declarations_failed"), "the real sidecar accepted every declaration")
+}
+
+// TestIntegrationNotUTF8AndSchemaURL (issue 27 items 2 and 5): a profile resource whose
+// environment value is raw Latin-1 (as the eBPF profiler sends what /proc shows) reaches the real
+// sidecar's GPU resource with the bytes replaced by U+FFFD, and the ResourceProfiles' schema_url
+// is the ResourceMetrics' schema_url.
+func TestIntegrationNotUTF8AndSchemaURL(t *testing.T) {
+	profiled := child(t)
+	pid := profiled.Process.Pid
+	scenario := writeScenario(t, pid)
+	socket := filepath.Join(t.TempDir(), "gm.sock")
+	sc := startSidecar(t, scenario, socket)
+
+	env := newTestEnv(t)
+	cfg := createDefaultConfig().(*Config)
+	cfg.Endpoint = "unix://" + profilerSocket(socket)
+	require.NoError(t, cfg.Validate())
+	exp, err := newProfilesExporter(env.set, cfg)
+	require.NoError(t, err)
+	require.NoError(t, exp.start(context.Background(), componenttest.NewNopHost()))
+	t.Cleanup(func() { require.NoError(t, exp.shutdown(context.Background())) })
+
+	pd := profileOf(t, pid, map[string]string{"LANG_NAME": "caf\xe9"}, nil)
+	pd.ResourceProfiles().At(0).SetSchemaUrl("https://opentelemetry.io/schemas/1.37.0")
+	require.NoError(t, exp.consumeProfiles(context.Background(), pd))
+	p := newPuller(t, socket)
+	got := p.waitResource(t, sc, pid, "the declared resource, not UTF-8 replaced", func(r map[string]any) bool {
+		return r["process.environment_variable.LANG_NAME"] == "caf\uFFFD"
+	})
+	want := pd.ResourceProfiles().At(0).Resource().Attributes().AsRaw()
+	want["process.environment_variable.LANG_NAME"] = "caf\uFFFD"
+	assert.Equal(t, want, got)
+	assert.Equal(t, "https://opentelemetry.io/schemas/1.37.0", p.schemaURL)
+	assert.Equal(t, int64(1), env.metric(t, "otelcol_gpumetrics_exporter_declarations_failed", attribute.String("reason", "invalid_utf8")))
 }
 
 // BenchmarkIntegrationRealSidecar10k: 10,000 new processes in one report, until the real

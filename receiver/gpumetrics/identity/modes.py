@@ -21,9 +21,13 @@ The eBPF profiler's resource (``go.opentelemetry.io/ebpf-profiler`` v0.0.202633,
   ``process.executable.name``: what follows its last ``/`` (both absent when unreadable);
 * ``container.id``: :func:`gpumetrics.identity.cgroup.container_id` (absent when none);
 * ``process.environment_variable.<NAME>``: for each configured name (its ``-env-vars`` /
-  ``include_env_vars``) present in ``/proc/<pid>/environ``, the value verbatim;
+  ``include_env_vars``) present in ``/proc/<pid>/environ``, the value verbatim, except that
+  bytes which are not UTF-8 become U+FFFD by :mod:`gpumetrics.identity.utf8`'s rule (the rule
+  the Collector's exporter applies to what the profiler sends, so both sides stay equal);
 * ``service.name`` only from its APM-agent integration, which the sidecar cannot see, so it is
-  never computed here (a declaration carries it).
+  never computed here (a declaration carries it);
+* the ``ResourceProfiles`` carry ``schema_url`` :data:`PROFILER_SCHEMA_URL` (``semconv.SchemaURL``
+  of ``go.opentelemetry.io/otel/semconv/v1.37.0``, ``rp.SetSchemaUrl`` in ``generate.go``).
 """
 
 from __future__ import annotations
@@ -34,12 +38,14 @@ from collections.abc import Callable, Iterable, Sequence
 from gpumetrics.identity.attrs import AttrValue
 from gpumetrics.identity.procfs import ProcessInfo, ProcfsReader
 from gpumetrics.identity.relabel_config import Action, RelabelConfig, RelabelConfigError
+from gpumetrics.identity.utf8 import to_valid_utf8
 
 __all__ = [
     "ENV_VAR_PREFIX",
     "MAX_INCLUDE_ENV_VARS",
     "OBSERVED_KEYS",
     "OBSERVED_PREFIXES",
+    "PROFILER_SCHEMA_URL",
     "IdentityMode",
     "check_profiler_mode_rules",
     "is_observed_key",
@@ -50,6 +56,10 @@ __all__ = [
 
 ENV_VAR_PREFIX = "process.environment_variable."
 """Semconv ``process.environment_variable.<key>``: the profiler's key for a captured variable."""
+
+PROFILER_SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
+"""The schema URL the eBPF profiler (v0.0.202633) gives each process's profile resource; the
+schema URL of an undeclared process's resource in profiler mode (a declaration brings its own)."""
 
 MAX_INCLUDE_ENV_VARS = 256
 """Most environment variable names that may be configured (as a declaration's ``environment``)."""
@@ -114,8 +124,8 @@ def profiler_resource(
         info: what procfs shows for ``pid`` (read with the configured ``include_env_vars``), or
             None when it is not visible: then only ``process.pid``.
         invalid_env: receives the name of each configured variable whose value is not UTF-8
-            (left out: an OTLP string must be UTF-8, so the profiler's raw bytes cannot be
-            reproduced).
+            (an OTLP string must be UTF-8: its invalid bytes are replaced,
+            :func:`~gpumetrics.identity.utf8.to_valid_utf8`).
 
     Returns:
         ``process.pid`` (int), then ``container.id``, ``process.executable.path``/``.name`` and
@@ -131,11 +141,10 @@ def profiler_resource(
         res["process.executable.path"] = info.exe_target
         res["process.executable.name"] = info.exe_target.rsplit("/", 1)[-1]
     for name, raw in (info.env_vars or {}).items():
-        try:
-            res[ENV_VAR_PREFIX + name] = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            if invalid_env is not None:
-                invalid_env.append(name)
+        value, replaced = to_valid_utf8(raw)
+        res[ENV_VAR_PREFIX + name] = value
+        if replaced and invalid_env is not None:
+            invalid_env.append(name)
     return res
 
 

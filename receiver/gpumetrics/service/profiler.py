@@ -49,8 +49,9 @@ _DECLARER_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 _INDEX_RE = re.compile(r"\[\d+\]")
 _LOGGED_FIELDS_MAX = 64
 
-DeclarationArgs = tuple[int, int, bytes, Sequence[tuple[str, bytes]], bytes]
-"""``(pid, start_time_ticks, process_context, environment, profiler_resource)``."""
+DeclarationArgs = tuple[int, int, bytes, Sequence[tuple[str, bytes]], bytes, str]
+"""``(pid, start_time_ticks, process_context, environment, profiler_resource,
+profiler_resource_schema_url)``."""
 
 
 class DeclaredStoreAPI(Protocol):
@@ -64,6 +65,7 @@ class DeclaredStoreAPI(Protocol):
         environment: Sequence[tuple[str, bytes]],
         profiler_resource: bytes,
         declarer: str = "",
+        schema_url: str = "",
     ) -> object:
         """Hold one declaration; raise ``ValueError`` with ``.field`` when it is rejected."""
 
@@ -101,7 +103,14 @@ class DeclaredStoreAPI(Protocol):
 
 def _args(d: profiler_pb2.ProcessDeclaration) -> DeclarationArgs:
     env = [(e.name, e.value) for e in d.environment]
-    return (d.pid, d.start_time_ticks, d.process_context, env, d.profiler_resource)
+    return (
+        d.pid,
+        d.start_time_ticks,
+        d.process_context,
+        env,
+        d.profiler_resource,
+        d.profiler_resource_schema_url,
+    )
 
 
 _IDENTITY_KEYS = (
@@ -231,7 +240,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
         else:
             for i in allowed:
                 try:
-                    self._declared.declare(*_args(processes[i]), declarer=caller.declarer)
+                    self._declare(processes[i], caller.declarer)
                 except ValueError as exc:
                     reject(i, exc)
         self._publish()
@@ -288,7 +297,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
             if kind == "declare":
                 d = event.declare
                 self._policy.check_declare(caller, d.pid, d.profiler_resource)
-                self._declared.declare(*_args(d), declarer=caller.declarer)
+                self._declare(d, caller.declarer)
             elif kind == "exit":
                 self._policy.check_exit(caller, event.exit.pid)
                 self._declared.exit(event.exit.pid, event.exit.start_time_ticks)
@@ -307,6 +316,10 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
             prefix = kind if kind in ("declare", "exit") else ""
             return resp(rejection=self._rejection(0, pid, prefix, exc))
         return resp(accepted=True)
+
+    def _declare(self, d: profiler_pb2.ProcessDeclaration, declarer: str) -> None:
+        pid, start, ctx, env, res, schema_url = _args(d)
+        self._declared.declare(pid, start, ctx, env, res, declarer, schema_url)
 
     def _publish(self) -> None:
         self._telemetry.set("gpumetrics.declarations", len(self._declared))
