@@ -8,7 +8,8 @@ which ``serve`` calls) on the simulated driver beneath nvidia-ml-py: the default
 with ``PROCESSES`` GPU processes spread over its GPUs (``process_sets``), a fake procfs that
 shows them (``identity.proc_root``, so declarations of their pids survive the declared store's
 sweeps) and the real NVML ``Collector``, which is not started: the parent drives it. Only the
-gRPC server runs on its own (listener ``unix:DIR/gm.sock``).
+gRPC server runs on its own, on the default listeners moved into ``DIR`` (``unix:DIR/gm.sock``;
+the profiler service on ``unix:DIR/profiler.sock`` through the peer-credentials relay).
 
 It prints ``READY``, then one JSON line of its figures with ``pids`` (the simulated GPU
 processes), and reads commands, one per line:
@@ -36,6 +37,7 @@ from gpumetrics.runtime.memory import return_large_buffers_to_the_os
 import nvmlsim as sim
 
 from .fakeproc import FakeProc
+from .memory_sidecar import listeners
 
 COLLECTIONS_PER_BATCH = 10
 """``collection.interval_s`` (1 s) over ``runtime.batch_interval_s`` (10 s), the defaults."""
@@ -111,7 +113,7 @@ def main() -> int:
     proc.sync(drv.live_processes())
     config = SidecarConfig.model_validate(
         {
-            "server": {"listen": [f"unix:{directory / 'gm.sock'}"], "profiler_listen": []},
+            "server": listeners(directory),
             "collection": {"pid_max": 4_194_304},
             "identity": {
                 "node_name": "memory-node",

@@ -3,8 +3,12 @@
 ``docs/deployment.md`` ("Memory") states the ceiling for the default limits, :data:`CEILING_MIB`.
 Each test runs the sidecar in its own process, so its peak RSS (``VmHWM``) is its own.
 
+Both run the default listeners (their sockets moved into the test's directory): the pull
+service on ``gm.sock``, the profiler service on its own ``profiler.sock`` through the
+peer-credentials relay, so each listener has a server of its own, as by default.
+
 **Every attack of issue 11 at once** (``memory_sidecar.py``: default configuration, a 40 MB
-backlog as a Collector that was away finds it), at the same time, over its unix socket:
+backlog as a Collector that was away finds it), at the same time, over its unix sockets:
 
 * declarations with every field at its 64 KiB limit and unique attribute names (the most
   memory per wire byte) for live pids, until far past ``identity.declared.max_bytes``;
@@ -12,6 +16,11 @@ backlog as a Collector that was away finds it), at the same time, over its unix 
   acknowledgement), answering UNAVAILABLE (the pull budget) with a short back-off;
 * a resync whose 30,000 declarations are all rejected;
 * requests over the receive limit;
+* a flood of requests at the receive limit on both sockets, :data:`FLOOD_CALLERS` at once (the
+  calls in flight a server accepts), far more than the threads that read them: before BDP
+  probing was turned off, gRPC buffered every waiting call's whole request (631 MiB with 4 MiB
+  requests); a quarter of them made of empty environment variables, the most parsed memory per
+  wire byte (28 times), refused before they are parsed;
 * a well-behaved consumer pulling the default answer, which must be served.
 
 **A node of 1 000 GPU processes with large declared resources** (issue 23, item 1;
@@ -36,6 +45,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from gpumetrics.service import ServerSettings
 from gpumetrics.v1 import profiler_pb2 as ppb
 from gpumetrics.v1 import profiler_pb2_grpc, pull_pb2, pull_pb2_grpc
 from gpumetrics.wire import len_field
@@ -45,6 +55,14 @@ CEILING_MIB = 450
 """Peak RSS bound with the default limits (docs/deployment.md, "Memory")."""
 
 BACKLOG_MB = 40
+RECEIVE_LIMIT = ServerSettings().max_receive_message_bytes
+PER_REQUEST = 5
+"""Declarations at every field limit per request (about 197 KB each: 5 fit the receive limit)."""
+FLOOD_CALLERS = 192
+"""Callers of the flood, half on each socket: ``server.max_concurrent_rpcs`` of one server."""
+FLOOD_ROUNDS = 2
+FLOOD_CHANNELS = 8
+"""Connections they share per socket (the relay serves 64 at once, every client together)."""
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 120.0
 MiB = 1024 * 1024
@@ -90,6 +108,12 @@ def max_declaration(pid: int) -> ppb.ProcessDeclaration:
     )
 
 
+def empty_environment(entries: int) -> bytes:
+    """A DeclareProcessesRequest of one declaration with ``entries`` empty environment variables:
+    2 bytes each on the wire, a message each once parsed (about 54 bytes in upb)."""
+    return len_field(1, b"\x08\x01" + b"\x22\x00" * entries)  # processes[0]: pid 1, env (4)
+
+
 def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp, figures):
     child = subprocess.Popen(
         [sys.executable, str(HERE / "memory_sidecar.py"), str(short_tmp), str(BACKLOG_MB)],
@@ -101,6 +125,7 @@ def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp,
         assert child.stdout is not None and child.stdin is not None
         assert child.stdout.readline().strip() == "READY"
         address = f"unix://{short_tmp / 'gm.sock'}"
+        profiler = f"unix://{short_tmp / 'profiler.sock'}"
         rss_ready = vm(child.pid, "VmRSS")
         errors: list[BaseException] = []
         served: list[int] = []
@@ -116,17 +141,17 @@ def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp,
 
             return run
 
-        def channel() -> grpc.Channel:
+        def channel(target: str = address) -> grpc.Channel:
             return grpc.insecure_channel(
-                address, options=[("grpc.max_receive_message_length", 128 * MiB)]
+                target, options=[("grpc.max_receive_message_length", 128 * MiB)]
             )
 
         @guarded
         def declare() -> None:
-            stub = profiler_pb2_grpc.ProfilerIntegrationServiceStub(channel())
+            stub = profiler_pb2_grpc.ProfilerIntegrationServiceStub(channel(profiler))
             pids = live_pids(150)
-            for start in range(0, len(pids), 15):
-                batch = [max_declaration(p) for p in pids[start : start + 15]]
+            for start in range(0, len(pids), PER_REQUEST):
+                batch = [max_declaration(p) for p in pids[start : start + PER_REQUEST]]
                 r = stub.DeclareProcesses(
                     ppb.DeclareProcessesRequest(processes=batch), timeout=TIMEOUT
                 )
@@ -167,7 +192,7 @@ def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp,
 
         @guarded
         def resync() -> None:
-            stub = profiler_pb2_grpc.ProfilerIntegrationServiceStub(channel())
+            stub = profiler_pb2_grpc.ProfilerIntegrationServiceStub(channel(profiler))
             out: queue.Queue = queue.Queue()
             responses = stub.StreamDeclarations(iter(out.get, None), timeout=TIMEOUT)
             out.put(ppb.StreamDeclarationsRequest(resync_begin=ppb.ResyncBegin()))
@@ -181,7 +206,7 @@ def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp,
 
         @guarded
         def oversized() -> None:
-            stub = profiler_pb2_grpc.ProfilerIntegrationServiceStub(channel())
+            stub = profiler_pb2_grpc.ProfilerIntegrationServiceStub(channel(profiler))
             big = ppb.ProcessDeclaration(pid=1, profiler_resource=b"\x00" * (5 * MiB))
             for _ in range(3):
                 with pytest.raises(grpc.RpcError) as err:
@@ -204,14 +229,62 @@ def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp,
                 served.append(r.data_points)
                 return
 
+        flood_channels = {
+            target: [channel(target) for _ in range(FLOOD_CHANNELS)]
+            for target in (address, profiler)
+        }
+        at_limit = RECEIVE_LIMIT - 256  # with the envelope, just under the receive limit
+        declare_method = "/gpumetrics.v1.ProfilerIntegrationService/DeclareProcesses"
+        flood_requests = [
+            (  # on the main socket
+                "/gpumetrics.v1.MetricsPullService/Pull",
+                pull_pb2.PullRequest(consumer="x" * at_limit).SerializeToString(),
+                grpc.StatusCode.INVALID_ARGUMENT,  # a consumer name that long
+            ),
+            (  # on the profiler socket: one field as long as the limit allows
+                declare_method,
+                ppb.DeclareProcessesRequest(
+                    processes=[ppb.ProcessDeclaration(pid=1, profiler_resource=b"\x00" * at_limit)]
+                ).SerializeToString(),
+                None,  # answered, the entry rejected (the field is over its 64 KiB)
+            ),
+            (  # on the profiler socket: as many empty environment variables as fit (2 B each)
+                declare_method,
+                empty_environment((at_limit - 16) // 2),
+                grpc.StatusCode.RESOURCE_EXHAUSTED,  # more elements than one per 128 B: unparsed
+            ),
+        ]
+
+        @guarded
+        def flood(i: int) -> None:
+            target = (address, profiler)[i % 2]
+            method, payload, code = flood_requests[0 if i % 2 == 0 else 1 + i // 2 % 2]
+            ch = flood_channels[target][i // 2 % FLOOD_CHANNELS]
+            call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+            for _ in range(FLOOD_ROUNDS):
+                try:
+                    answer = ppb.DeclareProcessesResponse.FromString(call(payload, timeout=TIMEOUT))
+                except grpc.RpcError as err:
+                    if err.code() is not code:
+                        raise
+                else:
+                    assert code is None and answer.accepted == 0 and len(answer.rejected) == 1
+                with lock:
+                    counts["flood_calls"] += 1  # read whole and answered as expected
+
+        counts["flood_calls"] = 0
         threads = [threading.Thread(target=declare), threading.Thread(target=resync)]
         threads += [threading.Thread(target=drain, args=(i,)) for i in range(8)]
         threads += [threading.Thread(target=oversized), threading.Thread(target=polite)]
+        threads += [threading.Thread(target=flood, args=(i,)) for i in range(FLOOD_CALLERS)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=600)
         assert not any(t.is_alive() for t in threads)
+        for chans in flood_channels.values():
+            for ch in chans:
+                ch.close()
         assert errors == []
         peak = vm(child.pid, "VmHWM")
     finally:
@@ -229,6 +302,7 @@ def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp,
     }.items():
         figures.set("memory_ceiling", name, round(value, 1))
     assert served and served[0] > 0  # the well-behaved consumer got its answer
+    assert counts["flood_calls"] == FLOOD_CALLERS * FLOOD_ROUNDS
     assert counts["rejected"] > 0 and counts["declared"] > 0  # the byte budget was reached
     assert stats["declared_held_bytes"] <= stats["declared_max_bytes"]
     assert stats["pull_budget_peak"] <= stats["pull_budget_limit"]
@@ -271,6 +345,7 @@ class NodeChild:
             text=True,
         )
         self.address = f"unix://{directory / 'gm.sock'}"
+        self.profiler = f"unix://{directory / 'profiler.sock'}"
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -318,12 +393,12 @@ class NodeChild:
 
 def _declare_large(address: str, pids: list[int]) -> tuple[int, int]:
     """Declare every pid once with a :data:`VALUE_CHARS` attribute value; (accepted, rejected)."""
-    with grpc.insecure_channel(address) as ch:
+    with grpc.insecure_channel(address) as ch:  # the profiler socket
         stub = profiler_pb2_grpc.ProfilerIntegrationServiceStub(ch)
         accepted = rejected = 0
-        for start in range(0, len(pids), 40):
+        for start in range(0, len(pids), 16):  # 16 x 56 KiB: within the receive limit
             batch = []
-            for pid in pids[start : start + 40]:
+            for pid in pids[start : start + 16]:
                 res = resource_pb2.Resource()
                 res.attributes.add(key="service.name").value.string_value = f"trainer-{pid}"
                 value = f"{pid:08d}" * (VALUE_CHARS // 8)  # unique per process
@@ -403,7 +478,7 @@ def test_a_thousand_gpu_processes_with_large_declared_resources_stay_under_the_c
     pullers = None
     try:
         assert len(node.ready["pids"]) == PROCESSES
-        accepted, rejected = _declare_large(node.address, node.ready["pids"])
+        accepted, rejected = _declare_large(node.profiler, node.ready["pids"])
         assert (accepted, rejected) == (PROCESSES, 0)  # within identity.declared.max_bytes
         hwm_declared = node.hwm()
         fill = 0

@@ -26,7 +26,7 @@ def test_defaults_are_loopback_and_valid() -> None:
     s = ServerSettings()
     assert s.listen == ["127.0.0.1:4319"]
     assert parse_listen_address(s.listen[0], "listen[0]").loopback
-    assert (s.unix_socket_mode, s.max_receive_message_bytes) == (0o600, 4 * 1024 * 1024)
+    assert (s.unix_socket_mode, s.max_receive_message_bytes) == (0o600, 1024 * 1024)
 
 
 @pytest.mark.parametrize(

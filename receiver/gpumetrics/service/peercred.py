@@ -17,11 +17,13 @@ back into the credentials. The name's file is removed right after ``connect`` (t
 stays the socket's), and nobody else can connect to the private socket, so a peer name can be
 neither forged nor reused.
 
-Bounds: at most ``max_connections`` connections at once (one more is closed at once and
-counted), and each direction of a connection holds at most :data:`CHUNK_BYTES` in flight (the
-relay reads from one side only when what it read before has been written to the other), so
-the relay's memory stays below ``2 * CHUNK_BYTES * max_connections``. One thread per relayed
-socket runs a ``selectors`` loop; HTTP/2 (keepalive pings included) passes through as bytes.
+Bounds: at most ``max_connections`` connections at once, all the relays that share one
+:class:`ConnectionLimit` together (one more is closed at once and counted), and each direction
+of a connection holds at most :data:`CHUNK_BYTES` in flight (the relay reads from one side only
+when what it read before has been written to the other), so the relays' buffers stay below
+``2 * CHUNK_BYTES * max_connections`` however many sockets they serve, plus one chunk being
+copied per relay thread. One thread per relayed socket runs a ``selectors`` loop; HTTP/2
+(keepalive pings included) passes through as bytes.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 __all__ = [
     "CHUNK_BYTES",
     "DEFAULT_MAX_CONNECTIONS",
+    "ConnectionLimit",
     "PeerCredRelay",
     "PeerCredentials",
     "peer_credentials",
@@ -56,7 +59,8 @@ CHUNK_BYTES = 64 * 1024
 """Most bytes one direction of a relayed connection holds in flight."""
 
 DEFAULT_MAX_CONNECTIONS = 64
-"""Connections one relayed socket serves at once (a gRPC client multiplexes its calls on one)."""
+"""Connections relayed at once, every relayed socket of a sidecar together (a gRPC client
+multiplexes its calls on one)."""
 
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;} (unix(7))
 _UNIX_PATH_MAX = 107
@@ -91,15 +95,54 @@ def peer_credentials(sock: socket.socket) -> PeerCredentials:
     return PeerCredentials(pid, uid, gid)
 
 
+class ConnectionLimit:
+    """How many connections the relays that share it serve at once (thread-safe).
+
+    Args:
+        limit: connections at once (>= 1).
+
+    Raises:
+        ValueError: ``limit`` < 1.
+
+    """
+
+    def __init__(self, limit: int = DEFAULT_MAX_CONNECTIONS) -> None:
+        if limit < 1:
+            raise ValueError(f"max_connections: must be >= 1, got {limit}")
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._used = 0
+
+    @property
+    def used(self) -> int:
+        """Connections relayed now."""
+        with self._lock:
+            return self._used
+
+    def try_take(self) -> bool:
+        """Take one connection; False when all are taken."""
+        with self._lock:
+            if self._used >= self.limit:
+                return False
+            self._used += 1
+            return True
+
+    def give(self) -> None:
+        """Give one back."""
+        with self._lock:
+            self._used -= 1
+
+
 class _Pair:
     """One relayed connection: the client's socket and the relay's socket to gRPC."""
 
-    __slots__ = ("client", "upstream", "pending", "eof", "peer")
+    __slots__ = ("client", "upstream", "pending", "eof", "peer", "closed")
 
     def __init__(self, client: socket.socket, upstream: socket.socket, peer: str) -> None:
         self.client = client
         self.upstream = upstream
         self.peer = peer
+        self.closed = False
         self.pending: dict[socket.socket, bytes] = {client: b"", upstream: b""}
         """Bytes waiting to be written *to* each socket."""
         self.eof: set[socket.socket] = set()
@@ -130,10 +173,12 @@ class PeerCredRelay:
         path: the socket clients connect to (its file must not exist; the caller has claimed it).
         mode: the socket's file mode (the listener's ``unix_socket_mode``).
         gid: the socket's group, or None.
-        max_connections: connections served at once.
+        max_connections: connections served at once (when ``limit`` is not given).
         telemetry: counts ``gpumetrics.server.refused_connections{reason}``.
         private_dir: where the gRPC server's private socket goes (default: ``.<name>.relay``,
             mode 0700, next to ``path``; see :func:`_private_dir`).
+        limit: connections served at once, shared with other relays; None: a limit of
+            ``max_connections`` of this relay's own.
 
     Lifecycle: construct (binds ``path`` and makes the private directory) → the gRPC server
     binds :attr:`target` → :meth:`start` → :meth:`stop`. Thread-safe :meth:`lookup`.
@@ -151,11 +196,10 @@ class PeerCredRelay:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         telemetry: SelfTelemetry = NO_TELEMETRY,
         private_dir: str | None = None,
+        limit: ConnectionLimit | None = None,
     ) -> None:
-        if max_connections < 1:
-            raise ValueError(f"max_connections: must be >= 1, got {max_connections}")
+        self._limit = limit if limit is not None else ConnectionLimit(max_connections)
         self.path = path
-        self._max = max_connections
         self._telemetry = telemetry
         self._dir = private_dir or _private_dir(path)
         self.target = f"unix:{os.path.join(self._dir, 'grpc.sock')}"
@@ -274,13 +318,14 @@ class PeerCredRelay:
             except OSError as exc:  # EMFILE and the like: keep serving the others
                 log.warning("%s: accept failed: %s", self.path, exc)
                 return
-            if len(self._peers) >= self._max:
+            if not self._limit.try_take():
                 self._refuse(client, "too_many_connections")
                 continue
             try:
                 creds = peer_credentials(client)
                 upstream, peer = self._connect_upstream()
             except OSError as exc:
+                self._limit.give()
                 log.warning("%s: cannot relay a connection: %s", self.path, exc)
                 self._refuse(client, "relay_failed")
                 continue
@@ -348,6 +393,10 @@ class PeerCredRelay:
             _set_events(sel, s, pair.events(s))
 
     def _close(self, sel: selectors.BaseSelector, pair: _Pair) -> None:
+        if pair.closed:
+            return
+        pair.closed = True
+        self._limit.give()
         for s in (pair.client, pair.upstream):
             _unregister(sel, s)
             self._pairs.pop(s, None)

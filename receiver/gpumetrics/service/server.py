@@ -10,9 +10,17 @@ port of a server:
 * **profiler** (``profiler_listen``, optional): ``ProfilerIntegrationService``, health, reflection;
 * **health** (``health_listen``, optional): ``grpc.health.v1.Health`` only, plaintext, no tokens.
 
-Each of the first two has a thread pool of ``unary_workers`` threads for unary calls, and a
-:class:`~gpumetrics.service.gate.Gatekeeper` (tokens, per-service stream slots on threads of
-their own, malformed requests).
+The first two share one budget of calls being read, whatever the number of listeners: one
+thread pool of ``unary_workers`` threads for their unary calls (grpcio's server never shuts down
+a pool it was given: ``grpc._server`` only submits to it, so the sidecar shuts it down once both
+servers have stopped), and one :class:`~gpumetrics.service.gate.StreamTable` of per-service
+stream slots on threads of their own, which their
+:class:`~gpumetrics.service.gate.Gatekeeper` s (tokens, stream slots, malformed and oversized
+requests) share. HTTP/2 BDP probing is off on every server (``grpc.http2.bdp_probe``), so the
+request of a call that waits for a thread stays unread beyond the 64 KiB stream window: with
+it on, gRPC core widens the window and buffers the whole message of every queued call (4 MiB
+each, measured), however few threads read. The health listener keeps two threads of its own, so
+probes are answered while the others are busy.
 
 A unix socket that serves the profiler service is fronted by a
 :class:`~gpumetrics.service.peercred.PeerCredRelay`: the relay owns the configured socket,
@@ -42,7 +50,7 @@ from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 from gpumetrics.service.auth import AuthPolicy, TokenAuth, read_token_file
 from gpumetrics.service.declarers import DeclarePolicy, Observation
 from gpumetrics.service.errors import SettingError
-from gpumetrics.service.gate import Gatekeeper
+from gpumetrics.service.gate import Gatekeeper, StreamTable
 from gpumetrics.service.health import SidecarHealth
 from gpumetrics.service.inflight import InflightBudget
 from gpumetrics.service.logs_pull import LogsPullServicer
@@ -54,7 +62,7 @@ from gpumetrics.service.names import (
     REFLECTION_SERVICE,
     REFLECTION_V1_SERVICE,
 )
-from gpumetrics.service.peercred import PeerCredentials, PeerCredRelay
+from gpumetrics.service.peercred import ConnectionLimit, PeerCredentials, PeerCredRelay
 from gpumetrics.service.profiler import DeclaredStoreAPI, ProfilerServicer
 from gpumetrics.service.pull import PullServicer, add_pull_servicer
 from gpumetrics.service.reflection import enable_reflection
@@ -79,6 +87,8 @@ _BASE_POLICIES = {
     REFLECTION_V1_SERVICE: AuthPolicy.ANY,
 }
 _HEALTH_WORKERS = 2
+_SAME_SLOTS = {REFLECTION_V1_SERVICE: REFLECTION_SERVICE}
+"""Services whose streams count against another's slots: reflection v1 is v1alpha's servicer."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +109,7 @@ class _Group:
 
     role: str
     server: grpc.Server
-    gate: Gatekeeper | None
+    gate: Gatekeeper
     services: list[str]
     bound: list[str] = field(default_factory=list)
     sockets: list[str] = field(default_factory=list)
@@ -166,6 +176,16 @@ class SidecarServer:
             budget=budget,
         )
         self._relays: list[PeerCredRelay] = []
+        self._relay_limit = ConnectionLimit()  # every relayed socket together
+        # One budget of calls being read for the main and profiler servers together.
+        self._pool = futures.ThreadPoolExecutor(
+            max_workers=settings.unary_workers, thread_name_prefix="grpc-unary"
+        )
+        self._streams = StreamTable(settings.max_streams, _SAME_SLOTS)
+        self._health_pool = futures.ThreadPoolExecutor(
+            max_workers=_HEALTH_WORKERS, thread_name_prefix="grpc-health"
+        )
+        self._health_streams = StreamTable(1)
         self._socket_gid = _group_id(settings.unix_socket_group, "unix_socket_group")
         trusted_gids = [
             _group_id(g, f"trusted_declarer_gids[{i}]")
@@ -218,19 +238,31 @@ class SidecarServer:
             ("grpc.so_reuseport", 0),  # a second server on the same port fails instead of sharing
             ("grpc.keepalive_time_ms", int(s.keepalive_time_s * 1000)),
             ("grpc.keepalive_timeout_ms", 20_000),
+            # a queued call's request waits in its 64 KiB stream window (see the module docstring)
+            ("grpc.http2.bdp_probe", 0),
         ]
 
     def _group(self, role: str, health_only: bool = False) -> _Group:
         s = self.settings
-        streams = 1 if health_only else s.max_streams
-        workers = _HEALTH_WORKERS if health_only else s.unary_workers
-        policies = {HEALTH_SERVICE: AuthPolicy.NONE} if health_only else _BASE_POLICIES
-        gate = Gatekeeper(self._auth, policies, streams, self._telemetry, name=role)
+        if health_only:
+            gate = Gatekeeper(
+                self._auth, {HEALTH_SERVICE: AuthPolicy.NONE}, self._health_streams, self._telemetry
+            )
+            pool, most = self._health_pool, 4 * _HEALTH_WORKERS
+        else:
+            gate = Gatekeeper(
+                self._auth,
+                _BASE_POLICIES,
+                self._streams,
+                self._telemetry,
+                max_elements=s.max_request_elements,
+            )
+            pool, most = self._pool, s.max_concurrent_rpcs
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"grpc-{role}"),
+            pool,
             interceptors=[gate],
             options=self._options(health_only),
-            maximum_concurrent_rpcs=4 * workers if health_only else s.max_concurrent_rpcs,
+            maximum_concurrent_rpcs=most,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
         return _Group(role, server, gate, [HEALTH_SERVICE])
@@ -260,8 +292,7 @@ class SidecarServer:
             register(self._main.server)
             for name in service_names:
                 self._main.services.append(name)
-                if self._main.gate is not None:
-                    self._main.gate.set_policy(name, policy)
+                self._main.gate.set_policy(name, policy)
 
     def add_listener(self, address: str, role: str = "listen") -> str:
         """Bind one more listener of ``role`` (``listen`` or ``profiler_listen``) now.
@@ -340,7 +371,11 @@ class SidecarServer:
         """Bind ``path`` through a :class:`PeerCredRelay` (its peers' credentials are known)."""
         try:
             relay = PeerCredRelay(
-                path, self.settings.unix_socket_mode, self._socket_gid, telemetry=self._telemetry
+                path,
+                self.settings.unix_socket_mode,
+                self._socket_gid,
+                telemetry=self._telemetry,
+                limit=self._relay_limit,
             )
         except OSError as exc:
             raise ListenError(
@@ -391,11 +426,10 @@ class SidecarServer:
             except BaseException:
                 self._stopped = True
                 for g in self._groups():
-                    g.server.stop(0)
-                    if g.gate is not None:
-                        g.gate.close()
+                    g.server.stop(0).wait()  # before their pools are shut down
                 for relay in self._relays:
                     relay.stop()
+                self._release_threads()
                 self._remove_sockets()
                 raise
             self._started = True
@@ -444,10 +478,19 @@ class SidecarServer:
             relay.stop()
         if self._health_only is not None:
             self._health_only.server.stop(0).wait()
-        for g in self._groups():
-            if g.gate is not None:
-                g.gate.close()
+        self._release_threads()
         self._remove_sockets()
+
+    def _release_threads(self) -> None:
+        """Let the pools' threads end once their calls have (every server has stopped).
+
+        A stopped grpc.Server leaves its pool alone (``grpc._server`` never shuts it down), so
+        the pools shared by the main and profiler servers are shut here, after both.
+        """
+        for pool in (self._pool, self._health_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._streams.close()
+        self._health_streams.close()
 
     def _remove_sockets(self) -> None:
         for g in self._groups():
@@ -479,15 +522,12 @@ class SidecarServer:
             False when ``timeout`` seconds passed first.
 
         """
-        gates = [g.gate for g in (self._main, self._profiler) if g is not None and g.gate]
-        return all(gate.wait_streams_closed(timeout) for gate in gates)
+        return self._streams.wait_closed(timeout)
 
     @property
     def open_streams(self) -> int:
         """Streaming calls open now on the main and profiler listeners."""
-        return sum(
-            g.gate.open_streams for g in (self._main, self._profiler) if g is not None and g.gate
-        )
+        return self._streams.open
 
 
 class ListenError(RuntimeError):

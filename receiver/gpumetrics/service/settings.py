@@ -93,6 +93,22 @@ ENVELOPE_BYTES = 64 * 1024
 
 _UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL (unix(7))
 
+DEFAULT_MAX_RECEIVE_BYTES = 1024 * 1024
+"""Default ``max_receive_message_bytes``: 1 MiB, a quarter of gRPC's own default. A thread that
+reads a request holds up to about 2.6 times its size (gRPC's buffer and its copy as bytes, about
+twice, measured; the parsed elements, :data:`REQUEST_BYTES_PER_ELEMENT`), and 16 threads may
+read at once with the default limits, so this is 42 MiB of the memory ceiling
+(``docs/deployment.md``, "Memory"); 4 MiB would make it 168 MiB. A declaration is at most about
+200 KiB (three fields of 64 KiB), so 1 MiB holds five at their largest, or about 1,600 typical
+ones (646 bytes each)."""
+
+REQUEST_BYTES_PER_ELEMENT = 128
+"""A request may hold one repeated element per this many bytes of ``max_receive_message_bytes``
+(8,192 with the default 1 MiB; :mod:`gpumetrics.service.wirecount`). A parsed element takes at
+most about 80 bytes (upb; an empty ``ProcessDeclaration``, measured), so a request's parsed
+form stays within two thirds of the receive limit beyond its wire size: 4,096 declarations of
+one environment variable each fit."""
+
 
 @dataclass(frozen=True)
 class ListenAddress:
@@ -210,7 +226,9 @@ class ServerSettings(SettingsModel):
             signed (mTLS).
         pull_token_file, declare_token_file: files of bearer tokens (one per line) that may pull
             / declare; None: that service needs no token.
-        max_receive_message_bytes: largest request accepted; larger ones get RESOURCE_EXHAUSTED.
+        max_receive_message_bytes: largest request accepted; larger ones get RESOURCE_EXHAUSTED,
+            as do requests of more than one repeated element per
+            :data:`REQUEST_BYTES_PER_ELEMENT` bytes of it (:attr:`max_request_elements`).
         max_send_message_bytes: largest response sent.
         pull_default_max_bytes: answer size of a Pull that sets no ``max_bytes``; it also
             bounds every stored batch (larger collections are split), so any batch fits a
@@ -222,11 +240,14 @@ class ServerSettings(SettingsModel):
             a Pull that finds it used up is answered UNAVAILABLE (retry later), one that finds
             part of it gets a shorter answer. Memory of answers in flight stays below about
             twice this. Unset: 32 MiB, or ``pull_max_bytes`` when that is larger.
-        max_streams: streaming calls open at once per streaming service and listener group
-            (each holds a thread of that service's own pool).
-        unary_workers: threads for unary calls (streams never use them).
+        max_streams: streaming calls open at once per streaming service, every listener
+            together (each holds a thread of that service's own pool; reflection v1 and
+            v1alpha are one service here).
+        unary_workers: threads for unary calls, shared by the ``listen`` and
+            ``profiler_listen`` listeners (streams never use them; ``health_listen`` has two
+            of its own).
         max_concurrent_rpcs: calls accepted at once per server (running or queued); beyond,
-            RESOURCE_EXHAUSTED.
+            RESOURCE_EXHAUSTED. A queued call's request is not read until a thread takes it.
         max_declarations_per_request: entries per DeclareProcesses/ReportExits request.
         reflection: serve gRPC server reflection (``buf curl`` and ``grpcurl`` use it).
         keepalive_time_s: HTTP/2 keepalive ping interval, so dead peers free their stream.
@@ -247,7 +268,7 @@ class ServerSettings(SettingsModel):
     tls_client_ca_file: Path | None = None
     pull_token_file: Path | None = None
     declare_token_file: Path | None = None
-    max_receive_message_bytes: int = Field(default=4 * MiB, ge=ENVELOPE_BYTES)
+    max_receive_message_bytes: int = Field(default=DEFAULT_MAX_RECEIVE_BYTES, ge=ENVELOPE_BYTES)
     max_send_message_bytes: int = Field(default=64 * MiB, ge=2 * ENVELOPE_BYTES)
     pull_default_max_bytes: int = Field(default=DEFAULT_PULL_MAX_BYTES, gt=0)
     pull_max_bytes: int = Field(default=DEFAULT_PULL_MAX_ANSWER_BYTES, gt=0)
@@ -387,6 +408,11 @@ class ServerSettings(SettingsModel):
     def serves_profiler_on_listen(self) -> bool:
         """True when the profiler service shares the ``listen`` listeners."""
         return not self.profiler_listen
+
+    @property
+    def max_request_elements(self) -> int:
+        """Repeated elements one request may hold (see ``max_receive_message_bytes``)."""
+        return self.max_receive_message_bytes // REQUEST_BYTES_PER_ELEMENT
 
     @property
     def declare_authenticated(self) -> bool:
