@@ -9,6 +9,7 @@ float setting of a new section that does not derive from it fails here.
 
 from __future__ import annotations
 
+import os
 import types
 import typing
 from collections.abc import Iterator
@@ -75,7 +76,9 @@ def test_batch_interval_from_the_environment(value):
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
-def test_batch_interval_from_the_flag_is_one_line_naming_it(capsys, value):
+def test_batch_interval_from_the_flag_is_one_line_naming_it(capsys, monkeypatch, value):
+    for name in [n for n in os.environ if n.startswith("GPUMETRICS_")]:
+        monkeypatch.delenv(name)  # e.g. the test command's GPUMETRICS_SKIP_E2E: a warning line
     code = main(["serve", "--batch-interval", value])
     err = capsys.readouterr().err
     assert code == 2
