@@ -18,7 +18,8 @@
 #      Collector against the real sidecar (docs/e2e.md).
 #   GPUMETRICS_SKIP_E2E=1   skip stage 5 (the first Collector build takes minutes)
 # Every stage runs even when an earlier one failed; a summary line per stage and the total come
-# last, and the exit status is 1 when any stage failed.
+# last, and the exit status is 1 when any stage failed. Stage 0 (scripts/check-tracked-files.sh)
+# refuses tracked build outputs: binaries, and files over 4 MiB not in scripts/large-files.allow.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # First run (no virtual environment or no cached Collector yet): say what is downloaded and how long.
@@ -139,6 +140,7 @@ e2e() {
   run_pytest -m e2e
 }
 
+stage "no tracked build output or file over 4 MiB" ./scripts/check-tracked-files.sh
 stage "generated code is fresh" ./scripts/check-generated.sh
 stage "lint" lint
 nvml_newest=$(python -c 'import importlib.metadata as m; print(m.version("nvidia-ml-py"))')
