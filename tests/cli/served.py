@@ -180,10 +180,10 @@ class Served:
             timeout=60,
         )
         assert done.returncode == 0, done.stderr + self.log()
-        if not done.stdout:  # nothing new: stdout stays empty, "no new batches" on stderr
+        request = json_format.Parse(done.stdout, metrics_service_pb2.ExportMetricsServiceRequest())
+        if done.stdout.strip() == "{}":  # nothing new: an empty request, "no new batches" on stderr
             assert "no new batches" in done.stderr, done.stderr
-            return metrics_service_pb2.ExportMetricsServiceRequest()
-        return json_format.Parse(done.stdout, metrics_service_pb2.ExportMetricsServiceRequest())
+        return request
 
     def pull_until(
         self, done: Callable[[list[Point]], bool], timeout_s: float = START_TIMEOUT_S
