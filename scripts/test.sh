@@ -14,8 +14,9 @@
 #      (scripts/validate-compose.sh), and of the Helm chart and deploy/manifests/ (helm lint,
 #      manifests fresh, strict decode into the Kubernetes API types: scripts/check-kubernetes.sh);
 #   5. the end-to-end tests (pytest -m e2e): builds the otelcol-gpumetrics distribution with the
-#      Collector Builder (collector/scripts/build-otelcol.sh, cached by hash), then runs the real
-#      Collector against the real sidecar (docs/e2e.md).
+#      Collector Builder (collector/scripts/build-otelcol.sh, cached by hash) and Prometheus
+#      (scripts/prometheus.sh, compose's version, cached), then runs the real Collector against
+#      the real sidecar, and the dashboard's PromQL in the real Prometheus (docs/e2e.md).
 #   GPUMETRICS_SKIP_E2E=1   skip stage 5 (the first Collector build takes minutes)
 # Every stage runs even when an earlier one failed; a summary line per stage and the total come
 # last, and the exit status is 1 when any stage failed. Stage 0 (scripts/check-tracked-files.sh)
@@ -29,7 +30,8 @@ if [ ! -x "${VENV:-.venv}/bin/python" ] || ! compgen -G "${XDG_CACHE_HOME:-$HOME
    for the oldest supported nvidia-ml-py) and buf (npm), Go modules for the receiver's tests, the
    relabel oracle (Prometheus) and the Kubernetes checks (client-go, k8s.io/api, Helm built with
    go install) from the Go module proxy and, for the end-to-end stage, the Collector Builder and
-   grpcurl, then builds otelcol-gpumetrics: several GB in ~/go and ~/.cache. Measured pieces on
+   grpcurl, then builds otelcol-gpumetrics and Prometheus (compose's version, for the Grafana
+   dashboard's PromQL; ~10 min): several GB in ~/go and ~/.cache. Measured pieces on
    2 cores: Helm ~6 min, the Kubernetes modules ~2 min, the Collector build a few; expect 15-20
    minutes in all. Later runs download nothing and reuse the cached binaries.
    GPUMETRICS_SKIP_E2E=1 skips the Collector build and the end-to-end stage.
@@ -130,13 +132,26 @@ build_otelcol() {
   printf '%s\n' "$bin" > "$OTELCOL_PATH_FILE"
 }
 
+# The real Prometheus (compose's version) the compose e2e test evaluates the Grafana
+# dashboard's PromQL in; built from the Go module proxy by scripts/prometheus.sh, cached.
+build_prometheus() {
+  local bin
+  bin=$(./scripts/prometheus.sh | tail -n1)
+  "$bin" --version
+  printf '%s\n' "$bin" > "$PROMETHEUS_PATH_FILE"
+}
+
 OTELCOL_PATH_FILE=$(mktemp)
-trap 'rm -f "$OTELCOL_PATH_FILE"' EXIT
+PROMETHEUS_PATH_FILE=$(mktemp)
+trap 'rm -f "$OTELCOL_PATH_FILE" "$PROMETHEUS_PATH_FILE"' EXIT
 
 e2e() {
   OTELCOL_GPUMETRICS=$(cat "$OTELCOL_PATH_FILE")
   [ -n "$OTELCOL_GPUMETRICS" ] || { echo "no Collector binary: the build stage failed"; return 1; }
   export OTELCOL_GPUMETRICS
+  PROMETHEUS=$(cat "$PROMETHEUS_PATH_FILE")
+  [ -n "$PROMETHEUS" ] || { echo "no Prometheus binary: the build stage failed"; return 1; }
+  export PROMETHEUS
   run_pytest -m e2e
 }
 
@@ -152,9 +167,11 @@ stage "compose and configuration (static)" ./scripts/validate-compose.sh
 stage "kubernetes (helm lint, manifests fresh, strict decode)" ./scripts/check-kubernetes.sh
 if [ -n "${GPUMETRICS_SKIP_E2E:-}" ]; then
   skip "build otelcol-gpumetrics" "GPUMETRICS_SKIP_E2E is set"
+  skip "build prometheus (dashboard PromQL)" "GPUMETRICS_SKIP_E2E is set"
   skip "end-to-end tests" "GPUMETRICS_SKIP_E2E is set"
 else
   stage "build otelcol-gpumetrics" build_otelcol
+  stage "build prometheus (dashboard PromQL)" build_prometheus
   stage "end-to-end tests" e2e
 fi
 

@@ -62,7 +62,9 @@ def warnings(caplog, needle: str) -> list[str]:
     ]
 
 
-def attribution(kubelet: FakeKubelet, node: str = NODE, **dra) -> tuple[PodAttribution, Telemetry]:
+def attribution(
+    kubelet: FakeKubelet, node: str = NODE, clock: Clock | None = None, **dra
+) -> tuple[PodAttribution, Telemetry]:
     token = kubelet.directory / "token"
     token.write_text(kubelet.token + "\n")
     if dra.get("resource_slices"):
@@ -75,7 +77,7 @@ def attribution(kubelet: FakeKubelet, node: str = NODE, **dra) -> tuple[PodAttri
         dra=DRASettings(**dra),
     )
     telemetry = Telemetry()
-    return PodAttribution(settings, telemetry, clock=Clock(), node_name=node), telemetry
+    return PodAttribution(settings, telemetry, clock=clock or Clock(), node_name=node), telemetry
 
 
 def test_the_client_decodes_dynamic_resources_from_the_upstream_server(fake_kubelet):
@@ -194,8 +196,8 @@ def test_an_api_server_serving_only_v1beta2_is_read_too(fake_kubelet):
 def test_missing_rbac_is_logged_once_and_the_claim_stays_unattributed(fake_kubelet, caplog):
     kubelet = fake_kubelet(pods=[WORKLOAD], api_server=True)
     kubelet.set(resource_slices_file=str(RECORDED), forbidden=True)
-    attr, telemetry = attribution(kubelet, resource_slices=True, refresh_interval_s=10)
-    clock = attr._clock  # the injected Clock  # noqa: SLF001
+    clock = Clock()
+    attr, telemetry = attribution(kubelet, clock=clock, resource_slices=True, refresh_interval_s=10)
     caplog.set_level(logging.INFO, "gpumetrics.kubernetes")
     try:
         for _ in range(3):
