@@ -26,6 +26,7 @@ import os
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from grpc_health.v1 import health_pb2_grpc
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 from gpumetrics.service.auth import AuthPolicy, TokenAuth, read_token_file
 from gpumetrics.service.errors import SettingError
-from gpumetrics.service.gate import Gatekeeper
+from gpumetrics.service.gate import Gatekeeper, join_pool
 from gpumetrics.service.health import SidecarHealth
 from gpumetrics.service.inflight import InflightBudget
 from gpumetrics.service.logs_pull import LogsPullServicer
@@ -72,6 +73,10 @@ _BASE_POLICIES = {
 }
 _HEALTH_WORKERS = 2
 
+JOIN_TIMEOUT_S = 1.0
+"""The most :meth:`SidecarServer.stop` waits, after the servers stopped, for their call threads
+to end (they end as soon as their cancelled calls return)."""
+
 
 @dataclass(frozen=True)
 class BoundAddresses:
@@ -93,6 +98,7 @@ class _Group:
     server: grpc.Server
     gate: Gatekeeper | None
     services: list[str]
+    pool: futures.ThreadPoolExecutor | None = None  # the unary calls' threads
     bound: list[str] = field(default_factory=list)
     sockets: list[str] = field(default_factory=list)
 
@@ -195,14 +201,15 @@ class SidecarServer:
         workers = _HEALTH_WORKERS if health_only else s.unary_workers
         policies = {HEALTH_SERVICE: AuthPolicy.NONE} if health_only else _BASE_POLICIES
         gate = Gatekeeper(self._auth, policies, streams, self._telemetry, name=role)
+        pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"grpc-{role}")
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"grpc-{role}"),
+            pool,
             interceptors=[gate],
             options=self._options(health_only),
             maximum_concurrent_rpcs=4 * workers if health_only else s.max_concurrent_rpcs,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
-        return _Group(role, server, gate, [HEALTH_SERVICE])
+        return _Group(role, server, gate, [HEALTH_SERVICE], pool)
 
     def add_service(
         self,
@@ -359,7 +366,9 @@ class SidecarServer:
         """Stop serving: health NOT_SERVING first, then stop accepting, then finish or cancel.
 
         Calls in flight get ``grace`` seconds (None: wait for all) before they are cancelled; the
-        health-only listener stops last so probes see NOT_SERVING until the end. Unix socket
+        health-only listener stops last so probes see NOT_SERVING until the end. Then the
+        threads of every call pool (unary and streams) are joined, for at most
+        :data:`JOIN_TIMEOUT_S` more, so a stopped server leaves no thread running. Unix socket
         files are removed. Idempotent; safe before :meth:`start`.
         """
         with self._lock:
@@ -372,9 +381,12 @@ class SidecarServer:
             event.wait()
         if self._health_only is not None:
             self._health_only.server.stop(0).wait()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
         for g in self._groups():
             if g.gate is not None:
-                g.gate.close()
+                g.gate.close(deadline)
+            if g.pool is not None:
+                join_pool(g.pool, deadline)
         self._remove_sockets()
 
     def _remove_sockets(self) -> None:
