@@ -14,24 +14,37 @@ account tokens are rotated), the CA bundle from ``ca_file``. The whole answer is
 ``kubernetes.max_response_bytes``.
 
 Every failure is a :class:`ResourceSliceError` of one :class:`SliceFailure` kind with a message
-that says what to do, so the caller logs it once (RBAC missing, no DRA API, unreachable, ...).
+that says what to do; :class:`SliceCache` keeps the last index read, reads again when due, and
+logs each kind of failure once (RBAC missing, no DRA API, unreachable, ...).
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import logging
 import os
 import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from gpumetrics.kubernetes.dra import ClaimDevice, index_resource_slices
-from gpumetrics.kubernetes.settings import DRASettings
+from gpumetrics.kubernetes.settings import DRASettings, KubernetesSettings
+from gpumetrics.selftelemetry import SelfTelemetry
 
-__all__ = ["ResourceSliceError", "ResourceSliceReader", "SliceFailure", "api_server_url"]
+__all__ = [
+    "ResourceSliceError",
+    "ResourceSliceReader",
+    "SliceCache",
+    "SliceFailure",
+    "SliceSource",
+    "api_server_url",
+]
+
+SLICE_READS = "gpumetrics.kubernetes.resource_slice_reads"
 
 VERSIONS = ("v1", "v1beta2", "v1beta1")
 """``resource.k8s.io`` versions asked, newest first."""
@@ -260,3 +273,94 @@ def _status_message(body: bytes) -> str:
     if isinstance(message, str) and message:
         return message[:300]
     return body[:300].decode("utf-8", "replace").strip() or "(no message)"
+
+
+class SliceSource(Protocol):
+    """What :class:`SliceCache` needs of :class:`ResourceSliceReader`."""
+
+    @property
+    def where(self) -> str:
+        """The API server's address, for log lines."""
+
+    def read(self) -> Mapping[ClaimDevice, str]:
+        """Map this node's claim devices to GPU UUIDs; raises :class:`ResourceSliceError`."""
+
+
+class SliceCache:
+    """The last ResourceSlice index read, read again when due.
+
+    Args:
+        reader: the reader, or None when ``kubernetes.dra.resource_slices`` is off.
+        settings: the ``kubernetes`` settings (both refresh intervals, the DRA drivers).
+        telemetry: where reads are counted (``gpumetrics.kubernetes.resource_slice_reads``).
+        log: the ``gpumetrics.kubernetes`` logger.
+        clock: monotonic seconds.
+
+    Used from the refresher thread only.
+
+    """
+
+    def __init__(
+        self,
+        reader: SliceSource | None,
+        settings: KubernetesSettings,
+        telemetry: SelfTelemetry,
+        log: logging.Logger,
+        clock: Callable[[], float],
+    ) -> None:
+        self._reader = reader
+        self._settings = settings
+        self._telemetry = telemetry
+        self._log = log
+        self._clock = clock
+        self._index: Mapping[ClaimDevice, str] | None = None
+        self._at: float | None = None
+        self._failures: set[str] = set()
+
+    @property
+    def state(self) -> str:
+        """``off`` (no reader), ``unread`` (no read has succeeded yet) or ``read``."""
+        if self._reader is None:
+            return "off"
+        return "unread" if self._index is None else "read"
+
+    def current(self, needed: frozenset[ClaimDevice]) -> Mapping[ClaimDevice, str] | None:
+        """Return the index, read again first when due.
+
+        Due: never read, older than ``kubernetes.dra.refresh_interval_s``, or (at most every
+        ``kubernetes.refresh_interval_s``) a device of ``needed`` that it does not name. A
+        failed read keeps the last index and is logged once per kind until a read succeeds.
+        """
+        if self._reader is None:
+            return None
+        now = self._clock()
+        since = None if self._at is None else now - self._at
+        index = self._index
+        unknown = bool(needed) and (index is None or not needed <= index.keys())
+        due = (
+            since is None
+            or since >= self._settings.dra.refresh_interval_s
+            or (unknown and since >= self._settings.refresh_interval_s)
+        )
+        if not due:
+            return index
+        self._at = now
+        try:
+            fresh = self._reader.read()
+        except ResourceSliceError as err:
+            self._telemetry.add(SLICE_READS, 1, {"outcome": err.kind.value})
+            level = logging.DEBUG if err.kind.value in self._failures else logging.WARNING
+            self._failures.add(err.kind.value)
+            self._log.log(level, "pod attribution: reading ResourceSlices: %s", err)
+            return index
+        self._telemetry.add(SLICE_READS, 1, {"outcome": "ok"})
+        if self._failures or index is None:
+            self._log.info(
+                "pod attribution: read this node's ResourceSlices from %s: %d GPU device(s) of %s",
+                self._reader.where,
+                len(fresh),
+                ", ".join(self._settings.dra.drivers),
+            )
+        self._failures.clear()
+        self._index = fresh
+        return fresh
