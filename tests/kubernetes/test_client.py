@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import grpc
 import pytest
 from gpumetrics.kubernetes import Failure, PodResourcesClient, PodResourcesError
 
@@ -241,3 +242,26 @@ def test_allocatable_unimplemented_on_old_kubelets(fake_kubelet):
     with pytest.raises(PodResourcesError) as err:
         c.allocatable()
     assert err.value.kind is Failure.UNIMPLEMENTED
+
+
+class _Cancelled(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.CANCELLED
+
+    def details(self) -> str:
+        return "Stream removed (RST_STREAM (Received RST_STREAM with error code 8))"
+
+
+@pytest.mark.parametrize(
+    ("took_s", "kind"), [(4.9, Failure.DEADLINE_EXCEEDED), (1.0, Failure.ERROR)]
+)
+def test_a_reset_at_the_deadline_is_the_deadline(took_s, kind):
+    """A hung grpc-go kubelet resets the stream (RST_STREAM CANCEL) when the deadline we sent
+    passes, which can reach grpcio just before its own deadline fires: CANCELLED then, seen on
+    a loaded machine. At (nearly) the whole deadline it is classified as the deadline; earlier,
+    a cancellation stays an error."""
+    c = PodResourcesClient("/nonexistent/kubelet.sock", 5.0, 1 << 20)
+    err = c._classify("List", _Cancelled(), took_s)  # noqa: SLF001
+    assert err.kind is kind
+    if kind is Failure.DEADLINE_EXCEEDED:
+        assert "no answer within 5 s (kubernetes.timeout_s)" in str(err)

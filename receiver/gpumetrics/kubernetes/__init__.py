@@ -6,8 +6,8 @@ generated from ``proto/gpumetrics/kubernetes/podresources/v1/podresources.proto`
 :mod:`.allocations` (device ids → holders, and the attribute rule; pure), :mod:`.dra` (DRA
 claim devices → GPU UUIDs through ResourceSlices; pure), :mod:`.apiserver` (the optional read of
 this node's ResourceSlices), :mod:`.emission` (when ``nvidia.gpu.k8s.allocation`` is recorded),
-:mod:`.reporting` (what is counted and logged, once per change) and :mod:`.attribution` (:class:`PodAttribution`: the refresher thread and the snapshot the
-collector reads).
+:mod:`.reporting` (what is counted and logged, once per change) and :mod:`.attribution`
+(:class:`PodAttribution`: the refresher thread and the snapshot the collector reads).
 """
 
 from gpumetrics.kubernetes.allocations import (

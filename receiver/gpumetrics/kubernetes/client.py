@@ -18,6 +18,7 @@ import errno
 import os
 import socket
 import stat
+import time
 from typing import Any
 
 import grpc
@@ -54,6 +55,9 @@ _PERMISSION_HINT = (
     "the kubelet's socket is root's: run the sidecar as uid 0 (no capability is needed) or "
     "give it the socket's group"
 )
+
+_DEADLINE_SHARE = 0.9
+"""A call CANCELLED after this share of its deadline is classified as deadline exceeded."""
 
 CAP_DAC_OVERRIDE = 1
 """Capability bits (``linux/capability.h``): DAC_OVERRIDE bypasses file permission checks."""
@@ -229,6 +233,7 @@ class PodResourcesClient:
 
     def _call(self, method: str, request: object) -> Any:
         stub = self._lister()
+        began = time.monotonic()
         try:
             return getattr(stub, method)(request, timeout=self._timeout_s)
         except grpc.RpcError as err:
@@ -236,12 +241,17 @@ class PodResourcesClient:
             # dialling again; the next refresh gets a fresh one, so a restarted kubelet is seen
             # at once.
             self.close()
-            raise self._classify(method, err) from None
+            raise self._classify(method, err, time.monotonic() - began) from None
 
-    def _classify(self, method: str, err: grpc.RpcError) -> PodResourcesError:
+    def _classify(self, method: str, err: grpc.RpcError, took_s: float) -> PodResourcesError:
         code = err.code() if hasattr(err, "code") else None
         details = (err.details() if hasattr(err, "details") else None) or ""
         where = f"{self.socket_path} {method}"
+        if code is grpc.StatusCode.CANCELLED and took_s >= _DEADLINE_SHARE * self._timeout_s:
+            # The kubelet (grpc-go) resets a stream whose deadline (the grpc-timeout we sent)
+            # has passed with RST_STREAM CANCEL; that can arrive just before our own deadline
+            # fires, and grpcio then reports CANCELLED: it is the deadline all the same.
+            code = grpc.StatusCode.DEADLINE_EXCEEDED
         if code is grpc.StatusCode.UNAVAILABLE:
             found = probe_socket(self.socket_path)
             if found is not None:

@@ -59,7 +59,6 @@ type state struct {
 type server struct {
 	podresourcesv1.UnimplementedPodResourcesListerServer
 	statePath string
-	stopping  chan struct{} // closed on SIGTERM/SIGINT: releases hung calls
 }
 
 func (s *server) load(ctx context.Context) (*state, error) {
@@ -72,11 +71,7 @@ func (s *server) load(ctx context.Context) (*state, error) {
 		return nil, status.Errorf(codes.Internal, "fakekubelet: state: %v", err)
 	}
 	if st.Hang {
-		// Never answer, not even when the call's deadline passes: an answer (DEADLINE_EXCEEDED
-		// and RST_STREAM) could reach the client before its own deadline fires, and it would
-		// see CANCELLED instead; a hung kubelet does not answer at all. Released at exit.
 		<-ctx.Done()
-		<-s.stopping
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 	if st.ErrorCode != 0 {
@@ -148,7 +143,7 @@ func main() {
 		log.Fatalf("fakekubelet: %v", err)
 	}
 	srv := grpc.NewServer()
-	impl := &server{statePath: *statePath, stopping: make(chan struct{})}
+	impl := &server{statePath: *statePath}
 	podresourcesv1.RegisterPodResourcesListerServer(srv, impl)
 	if *apiDir != "" {
 		url, err := serveAPI(impl, *apiDir)
@@ -161,7 +156,6 @@ func main() {
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		<-stop
-		close(impl.stopping)
 		srv.Stop()
 	}()
 	fmt.Printf("listening %s\n", *socket)
