@@ -55,6 +55,12 @@ _REMAP = (Source("nvmlDeviceGetRemappedRows", 1, cadence="errors"),)
 _RETIRED = (Source("nvmlDeviceGetFieldValues", 1, cadence="errors", key="retired_pages"),)
 _BAR1 = (Source("nvmlDeviceGetBAR1MemoryInfo", 1),)
 _ENCODER = (Source("nvmlDeviceGetEncoderStats", 1),)
+_PROCESS_LISTS = (
+    # compute (the data call when non-empty), graphics and MPS (the sizing call: empty)
+    Source("nvmlDeviceGetComputeRunningProcesses", 1, per_process=True),
+    Source("GraphicsRunningProcesses", 1, per_process=True),
+    Source("MPSComputeRunningProcesses", 1, per_process=True),
+)
 
 
 SOURCES: dict[str, tuple[Source, ...]] = {
@@ -114,12 +120,8 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     "nvidia.gpu.process.memory_copy.utilization": (
         Source("nvmlDeviceGetProcessUtilization", 2, calls_empty=1, per_process=True),
     ),
-    "nvidia.gpu.process.memory.usage": (
-        # compute (the data call when non-empty), graphics and MPS (the sizing call: empty)
-        Source("nvmlDeviceGetComputeRunningProcesses", 1, per_process=True),
-        Source("GraphicsRunningProcesses", 1, per_process=True),
-        Source("MPSComputeRunningProcesses", 1, per_process=True),
-    ),
+    "nvidia.gpu.process.memory.usage": _PROCESS_LISTS,
+    "nvidia.gpu.process.count": _PROCESS_LISTS,  # the same reads, counted
 }
 """Metric → the sources one read of it needs. The three ``nvmlDeviceGetSamples`` rows are
 distinct sources (one per sampling type); :func:`minimum_calls` keys them by metric."""
@@ -178,7 +180,7 @@ def device_facts(device: Mapping[str, Any]) -> Facts:
     violations = device.get("violations_ns") or {}
     return Facts(
         links=links,
-        active_links=links - len(nvlink.get("down", ())),
+        active_links=links - sum(isinstance(d, int) for d in nvlink.get("down", ())),  # always down
         fans=len(fans) if fans is not None else int(device.get("fan_percent") is not None),
         policies=sum(v is not None for v in violations.values()),
         unsupported=frozenset(unsupported),

@@ -194,7 +194,9 @@ def test_remapped_rows_flags_and_counter_reset(nvml_run, helpers):
         "pending": True,
         "failure": True,
     }
-    run = nvml_run(_device(remapped_rows=rows), helpers.settings(errors_interval_s=1.0, **STEADY))
+    run = nvml_run(
+        _device(ecc={}, remapped_rows=rows), helpers.settings(errors_interval_s=1.0, **STEADY)
+    )
     run.cycle(3)
     out = run.output()
     corrected = out.find(names.MetricGPUMemoryRemappedRows, error__type="corrected")
@@ -286,3 +288,60 @@ def test_calls_per_cycle_are_the_catalogue_minimum(nvml_run, helpers):
     assert facts.links == 18 and facts.fans == 0
     expected = 20 * minimum.minimum_calls(2, 1, settings, facts)
     assert sum(run.drv.calls.values()) == expected
+
+
+def test_a_board_with_zero_nvlink_links_is_a_fact_not_a_warning(nvml_run, helpers, caplog):
+    """Issue 28 item 6: a PCIe card answering NVML_FI_DEV_NVLINK_LINK_COUNT = 0 logged
+    "dropped 1 value(s) (out_of_range) links=0" and counted a dropped value."""
+    count = {"NVLINK_LINK_COUNT": {"value": 0, "value_type": "UNSIGNED_INT"}}
+    run = nvml_run(_device(temperature_c=40, field_values=count), helpers.settings(**STEADY))
+    with caplog.at_level(logging.INFO, logger="gpumetrics"):
+        run.cycle(3)
+    out = run.output()
+    assert out.find(names.MetricNetworkUp) == [] and out.find(names.MetricGPUNVLinkIO) == []
+    assert run.dropped("out_of_range") == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert run.calls("nvmlDeviceGetNvLinkState") == 0
+
+
+def test_nvlink_io_is_the_sum_over_every_link(nvml_run, helpers):
+    """nvml.h: the throughput fields' scopeId is the link (UINT_MAX: all links). The collector
+    asked scope 0, which on a driver that answers per link is link 0 alone."""
+    nvlink = {
+        "links": 4,
+        "per_link": {
+            0: {"data_tx_kib": 100, "data_rx_kib": 1},
+            1: {"data_tx_kib": 200, "data_rx_kib": 2},
+            3: {"data_tx_kib": {"pattern": "ramp", "start": 400, "per_s": 10}, "data_rx_kib": 4},
+        },
+    }
+    run = nvml_run(_device(nvlink=nvlink), helpers.settings(**STEADY))
+    run.cycle(2)
+    out = run.output()
+    tx = out.values(names.MetricGPUNVLinkIO, network__io__direction="transmit")
+    rx = out.values(names.MetricGPUNVLinkIO, network__io__direction="receive")
+    assert tx == [700 * 1024, 710 * 1024] and rx == [7 * 1024, 7 * 1024]
+
+
+def test_link_state_changes_over_time(nvml_run, helpers):
+    nvlink = {"links": 2, "down": [{"link": 1, "from_cycle": 2, "until_cycle": 3}]}
+    run = nvml_run(_device(nvlink=nvlink), helpers.settings(errors_interval_s=1.0, **STEADY))
+    run.cycle(3)
+    link1 = run.output().values(names.MetricNetworkUp, hw__id=f"{DEVICE}:nvlink:1")
+    assert link1 == [1, 0, 1]
+
+
+def test_remapped_rows_are_absent_on_a_mig_enabled_gpu(nvml_run, helpers):
+    """nvml.h: nvmlDeviceGetRemappedRows answers NOT_SUPPORTED "If MIG is enabled"; the
+    simulator used to answer the scenario's rows, so h100-mig reported them."""
+    run = nvml_run("h100-mig", helpers.settings(**STEADY))
+    run.cycle(2)
+    out = run.output()
+    for metric in (
+        names.MetricGPUMemoryRemappedRows,
+        names.MetricGPUMemoryRowRemapPending,
+        names.MetricGPUMemoryRowRemapFailure,
+    ):
+        assert out.find(metric) == []
+    assert run.calls("nvmlDeviceGetRemappedRows") == 1  # a capability answer: asked once
+    assert run.errors("nvmlDeviceGetRemappedRows", "NOT_SUPPORTED") == 1

@@ -11,7 +11,7 @@ import pytest
 from gpumetrics.events import EventProducer, EventSettings, GpuEvent
 from gpumetrics.selftelemetry import Telemetry, WithAttributes
 from gpumetrics.service.push import LOGS, PUSH_CONSUMER, ExportResult, PushExporter, PushSettings
-from gpumetrics.store import BatchStore
+from gpumetrics.store import BatchStore, signals
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 
 from .conftest import PooledServer
@@ -53,7 +53,7 @@ def logs_collector() -> Iterator[tuple[FakeLogsCollector, str]]:
 
 
 def logs_store(n: int) -> BatchStore:
-    store = BatchStore()
+    store = BatchStore(signal=signals.LOGS)
     producer = EventProducer(EventSettings())
     for code in range(n):
         producer.record(GpuEvent("xid", 100 + code, "GPU-0", GPU, 10**18))

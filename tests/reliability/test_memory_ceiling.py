@@ -1,9 +1,10 @@
-"""Every memory attack of issue 11 at once against one sidecar: peak RSS stays under the ceiling.
+"""Memory attacks against one sidecar with the default limits: ``VmHWM`` stays under the ceiling.
 
 ``docs/deployment.md`` ("Memory") states the ceiling for the default limits, :data:`CEILING_MIB`.
-The sidecar runs in its own process (``memory_sidecar.py``: default configuration, a 40 MB
-backlog as a Collector that was away finds it) so its peak RSS (``VmHWM``) is its own. Then, at
-the same time, over its unix socket:
+Each test runs the sidecar in its own process, so its peak RSS (``VmHWM``) is its own.
+
+**Every attack of issue 11 at once** (``memory_sidecar.py``: default configuration, a 40 MB
+backlog as a Collector that was away finds it), at the same time, over its unix socket:
 
 * declarations with every field at its 64 KiB limit and unique attribute names (the most
   memory per wire byte) for live pids, until far past ``identity.declared.max_bytes``;
@@ -13,7 +14,13 @@ the same time, over its unix socket:
 * requests over the receive limit;
 * a well-behaved consumer pulling the default answer, which must be served.
 
-Bounded in count (no duration), loopback only; the bound is generous, not a timing.
+**A node of 1 000 GPU processes with large declared resources** (issue 23, item 1;
+``memory_node.py``: the simulated driver with 1 000 processes, the real collector driven 10
+collections per batch, the default cadence): each process declared once with a ~56 KiB value,
+nobody pulling until the store is full, then 8 greedy consumers; ``VmHWM`` under the ceiling and
+a flat RSS once the stores are full.
+
+Bounded in count (no duration), loopback only; the bounds are generous, not timings.
 """
 
 from __future__ import annotations
@@ -227,3 +234,225 @@ def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp,
     assert stats["pull_budget_peak"] <= stats["pull_budget_limit"]
     assert stats["resyncs_in_progress"] == 0
     assert peak < CEILING_MIB * MiB, f"peak RSS {peak / MiB:.0f} MiB >= {CEILING_MIB} MiB"
+
+
+# -- a node with a thousand GPU processes (issue 23, item 1) ------------------------------------
+
+PROCESSES = 1000
+"""GPU processes on the simulated node (8 GPUs, 125 each)."""
+
+VALUE_CHARS = 56 * 1024
+"""The declared attribute value of each process: the largest round size at which a thousand
+declarations fit the default ``identity.declared.max_bytes`` (all accepted)."""
+
+GREEDY = 8
+HALF = 8
+"""Batches in each half of the pulling phase (80 s of the default cadence each)."""
+
+FILL_MAX = 40
+"""At most this many batches for the store to fill (a ``max_bytes`` drop)."""
+
+FLAT_MARGIN_MIB = 32
+"""How much the second half's peak RSS may exceed the first half's (allocator slack, the
+answers in flight of that moment): less than one 1.1x store refill would add."""
+
+REPLY_TIMEOUT = 600.0
+
+
+class NodeChild:
+    """``memory_node.py`` in a child process: commands on stdin, JSON replies read by a thread."""
+
+    def __init__(self, directory: Path, processes: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.reliability.memory_node", str(directory), str(processes)],
+            cwd=HERE.parents[1],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.address = f"unix://{directory / 'gm.sock'}"
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        try:
+            assert self._line() == "READY"
+            self.ready = json.loads(self._line())
+        except BaseException:
+            self.proc.kill()  # never leave the child behind
+            self.close()
+            raise
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line.strip())
+        self._lines.put(None)
+
+    def _line(self) -> str:
+        line = self._lines.get(timeout=REPLY_TIMEOUT)
+        assert line is not None, f"the node exited with status {self.proc.wait(60)}"
+        return line
+
+    def batches(self, n: int) -> dict:
+        """Run ``n`` batches (10 collections each); return the node's figures after them."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"batches {n}\n")
+        self.proc.stdin.flush()
+        return json.loads(self._line())
+
+    def hwm(self) -> int:
+        return vm(self.proc.pid, "VmHWM")
+
+    def reset_hwm(self) -> None:
+        """Reset the child's ``VmHWM`` to its current RSS (``clear_refs`` 5, proc(5))."""
+        with open(f"/proc/{self.proc.pid}/clear_refs", "w") as f:
+            f.write("5")
+
+    def close(self) -> int:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        code = self.proc.wait(timeout=120)
+        self._reader.join(timeout=60)
+        return code
+
+
+def _declare_large(address: str, pids: list[int]) -> tuple[int, int]:
+    """Declare every pid once with a :data:`VALUE_CHARS` attribute value; (accepted, rejected)."""
+    with grpc.insecure_channel(address) as ch:
+        stub = profiler_pb2_grpc.ProfilerIntegrationServiceStub(ch)
+        accepted = rejected = 0
+        for start in range(0, len(pids), 40):
+            batch = []
+            for pid in pids[start : start + 40]:
+                res = resource_pb2.Resource()
+                res.attributes.add(key="service.name").value.string_value = f"trainer-{pid}"
+                value = f"{pid:08d}" * (VALUE_CHARS // 8)  # unique per process
+                res.attributes.add(key="app.blob").value.string_value = value
+                batch.append(
+                    ppb.ProcessDeclaration(pid=pid, profiler_resource=res.SerializeToString())
+                )
+            r = stub.DeclareProcesses(ppb.DeclareProcessesRequest(processes=batch), timeout=60)
+            accepted += r.accepted
+            rejected += len(r.rejected)
+        return accepted, rejected
+
+
+class GreedyPullers:
+    """Consumers that pull 64 MiB answers over and over and never acknowledge."""
+
+    def __init__(self, address: str, n: int) -> None:
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.answers = 0
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._run, args=(address, f"greedy-{i}")) for i in range(n)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, address: str, name: str) -> None:
+        try:
+            with grpc.insecure_channel(
+                address, options=[("grpc.max_receive_message_length", 128 * MiB)]
+            ) as ch:
+                stub = pull_pb2_grpc.MetricsPullServiceStub(ch)
+                pos, epoch = 0, ""
+                while not self.stop.is_set():
+                    try:
+                        r = stub.Pull(
+                            pull_pb2.PullRequest(
+                                consumer=name,
+                                ack_epoch=epoch,
+                                read_after_sequence=pos,
+                                max_bytes=64 * MiB,
+                            ),
+                            timeout=TIMEOUT,
+                        )
+                    except grpc.RpcError as err:
+                        if err.code() is not grpc.StatusCode.UNAVAILABLE:
+                            raise
+                        self.stop.wait(0.02)  # the client's back-off before it resends
+                        continue
+                    epoch = r.epoch
+                    pos = r.last_sequence if r.more else 0  # then from the cursor again
+                    with self._lock:
+                        self.answers += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.errors.append(exc)
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in self._threads)
+
+
+def test_a_thousand_gpu_processes_with_large_declared_resources_stay_under_the_ceiling(
+    short_tmp, figures
+):
+    """Issue 23, item 1: 1 000 GPU processes, each declared once with a ~56 KiB attribute value.
+
+    Nobody pulls until the store is full, then 8 consumers pull 64 MiB answers and never
+    acknowledge, for 16 more batches (160 s of the default cadence). Asserted: the sidecar's
+    ``VmHWM`` stays under the documented ceiling throughout, and its RSS is flat once the stores
+    are full: the peak over the second half of the pulling phase is at most the first half's
+    plus :data:`FLAT_MARGIN_MIB` (``VmHWM`` is reset between the halves).
+    """
+    node = NodeChild(short_tmp, PROCESSES)
+    pullers = None
+    try:
+        assert len(node.ready["pids"]) == PROCESSES
+        accepted, rejected = _declare_large(node.address, node.ready["pids"])
+        assert (accepted, rejected) == (PROCESSES, 0)  # within identity.declared.max_bytes
+        hwm_declared = node.hwm()
+        fill = 0
+        st = node.batches(1)
+        while not st["dropped_points"]["max_bytes"] and fill < FILL_MAX:
+            st = node.batches(2)
+            fill += 2
+        assert st["dropped_points"]["max_bytes"], "the store never filled"
+        st = node.batches(2)  # full, nobody pulling
+        hwm_full = node.hwm()
+        pullers = GreedyPullers(node.address, GREEDY)
+        node.batches(HALF)
+        hwm_first = node.hwm()
+        node.reset_hwm()
+        st = node.batches(HALF)
+        hwm_second = node.hwm()
+        pullers.close()
+        assert pullers.errors == []
+        answers = pullers.answers
+        pullers = None
+    finally:
+        if pullers is not None:
+            pullers.close()
+        code = node.close()
+    assert code == 0
+    peak = max(hwm_first, hwm_second)
+    for name, value in {
+        "node_hwm_declared_mib": vm_mib(hwm_declared),
+        "node_hwm_store_full_mib": vm_mib(hwm_full),
+        "node_hwm_pulling_first_half_mib": vm_mib(hwm_first),
+        "node_hwm_pulling_second_half_mib": vm_mib(hwm_second),
+        "node_store_batches": st["appended_batches"],
+        "node_store_held_mib": st["held_bytes"] / MiB,
+        "node_greedy_answers": answers,
+    }.items():
+        figures.set("memory_ceiling", name, round(value, 1))
+    assert peak < CEILING_MIB * MiB, f"VmHWM {vm_mib(peak):.0f} MiB >= {CEILING_MIB} MiB"
+    assert hwm_second <= hwm_first + FLAT_MARGIN_MIB * MiB, (
+        f"RSS not flat: peak {vm_mib(hwm_second):.0f} MiB in the second half of the pulling "
+        f"phase, {vm_mib(hwm_first):.0f} MiB in the first"
+    )
+    assert st["telemetry"]["gpumetrics.identity.attributes.limited"] >= PROCESSES  # each cut
+    dropped = sum(st["dropped_points"].values())
+    assert st["appended_points"] == st["released_points"] + dropped + st["held_points"]
+    assert st["held_bytes"] <= st["max_bytes"]
+    assert st["declared_held_bytes"] <= st["declared_max_bytes"]
+    assert st["pull_budget_peak"] <= st["pull_budget_limit"]
+    assert answers > 0
+
+
+def vm_mib(n: int) -> float:
+    return n / MiB

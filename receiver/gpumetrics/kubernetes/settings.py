@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from gpumetrics.settingsbase import SettingsModel
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 """Where the kubelet serves its pod-resources API (Kubernetes documentation, "Monitoring device
@@ -33,7 +35,7 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 """Where the kubelet mounts a pod's service account token and the cluster's CA bundle."""
 
 
-class DRASettings(BaseModel):
+class DRASettings(SettingsModel):
     """GPUs allocated through Dynamic Resource Allocation claims (``kubernetes.dra``).
 
     The kubelet names a claim's devices by DRA driver, pool and device name (``gpu.nvidia.com``,
@@ -55,8 +57,6 @@ class DRASettings(BaseModel):
             slice names triggers a read sooner, at most once per ``kubernetes.refresh_interval_s``.
 
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     drivers: tuple[str, ...] = ("gpu.nvidia.com",)
     resource_slices: bool = False
@@ -80,7 +80,7 @@ class DRASettings(BaseModel):
         return value
 
 
-class KubernetesSettings(BaseModel):
+class KubernetesSettings(SettingsModel):
     """GPU → pod attribution from the kubelet's pod-resources API (``kubernetes``).
 
     Attributes:
@@ -111,8 +111,6 @@ class KubernetesSettings(BaseModel):
         dra: GPUs allocated through DRA claims (:class:`DRASettings`).
 
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     pod_attribution: bool | None = None
     pod_resources_socket: str = DEFAULT_SOCKET

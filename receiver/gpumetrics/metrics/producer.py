@@ -6,12 +6,19 @@ one ``Metric`` per name per scope (never two same-named metrics, as polarsignals
 ``Produce`` in ``nvidia.go`` emits one per device), and one
 ``ResourceMetrics`` per process that recorded a point since the previous call, so a process that
 stopped using the GPU gets no point in the next ``produce``.
+
+The batcher takes a collection with :meth:`Producer.collect_parts`: resource by resource, each
+serialized as soon as it is built (only one process's protobuf message exists at a time), within
+a byte budget (``store.max_collection_bytes``): a process whose resource does not fit what is
+left is left out and its points counted (:class:`CollectionParts`), so the batch under construction
+never takes more than the budget, however many processes NVML reports.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
@@ -22,6 +29,7 @@ from gpumetrics.metrics.attribution import DeviceAttribution
 from gpumetrics.metrics.buffer import MetricBuffer, point_rules
 from gpumetrics.metrics.encode import AttributeCache, encode_attributes, encode_metric
 from gpumetrics.metrics.spec import MetricSpec, Scope, catalogue
+from gpumetrics.wire import len_field
 
 if TYPE_CHECKING:  # selftelemetry builds on this package; importing it here would be circular
     from gpumetrics.selftelemetry import SelfTelemetry
@@ -30,7 +38,12 @@ T = TypeVar("T")
 
 
 class ProcessResourcer(Protocol):
-    """Builds the OTLP resource of one process (implemented by ``gpumetrics.identity``)."""
+    """Builds the OTLP resource of one process (implemented by ``gpumetrics.identity``).
+
+    A resourcer may also have ``schema_url(pid) -> str``, the schema URL of the resource it last
+    put for ``pid`` ("" for none; ``gpumetrics.identity``'s has): it becomes the per-process
+    ``ResourceMetrics.schema_url``.
+    """
 
     def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
         """Add the resource attributes of ``pid`` to ``attrs``.
@@ -46,6 +59,35 @@ class Renderer(Protocol):
 
     def render(self, metrics: Any) -> int:
         """Append metrics; return the number of data points written."""
+
+
+@dataclass
+class CollectionParts:
+    """One collection, serialized resource by resource (what :meth:`Producer.collect_parts` makes).
+
+    Attributes:
+        parts: ``(data, points)``: each ``data`` a serialized ``ExportMetricsServiceRequest``
+            holding one ``ResourceMetrics`` (the host resource first, when it has anything, then
+            one per process in pid order) and its data points. The concatenation of the
+            ``data`` is the collection as one serialized request.
+        dropped_points: points of the processes left out for the byte budget.
+        dropped_resources: processes left out for the byte budget.
+
+    """
+
+    parts: list[tuple[bytes, int]] = field(default_factory=list)
+    dropped_points: int = 0
+    dropped_resources: int = 0
+
+    @property
+    def size(self) -> int:
+        """Serialized bytes of the collection (By)."""
+        return sum(len(data) for data, _ in self.parts)
+
+    @property
+    def points(self) -> int:
+        """Data points in the collection."""
+        return sum(n for _, n in self.parts)
 
 
 class Producer:
@@ -155,6 +197,48 @@ class Producer:
             sm.schema_url = scope.schema_url
         return sm
 
+    def _encode_process(
+        self,
+        rm: metrics_pb2.ResourceMetrics,
+        pid: int,
+        buf: MetricBuffer,
+        resourcer: ProcessResourcer | None,
+        cache: AttributeCache,
+    ) -> int:
+        """Fill ``rm`` with ``pid``'s resource and points; return the points (0: leave it out)."""
+        attrs: dict[str, Any] = {names.AttrProcessPID: pid}
+        if resourcer is not None and not resourcer.put_resource(pid, attrs):
+            if self._telemetry is not None:
+                self._telemetry.add("gpumetrics.processes.dropped_by_relabel")
+            return 0
+        attrs[names.AttrProcessPID] = pid  # always the int pid, whatever the resourcer did
+        encode_attributes(rm.resource.attributes, attrs.items())
+        schema_url = getattr(resourcer, "schema_url", None)
+        if schema_url is not None:  # the declared resource's schema URL (docs/identity.md)
+            rm.schema_url = schema_url(pid)
+        sm = self._new_scope_metrics(rm, self._scope)
+        return self._encode_buffer(sm.metrics, buf, cache)
+
+    def _encode_host(
+        self, rm: metrics_pb2.ResourceMetrics, host: MetricBuffer, cache: AttributeCache
+    ) -> int:
+        """Fill ``rm`` with the host resource: the GPU metrics scope, then ``gpumetrics.self``.
+
+        Returns the points written; a scope with nothing is left out (``rm`` may end with none).
+        """
+        encode_attributes(rm.resource.attributes, self._host_attributes.items())
+        sm = self._new_scope_metrics(rm, self._scope)
+        n = self._encode_buffer(sm.metrics, host, cache)
+        if not sm.metrics:
+            del rm.scope_metrics[-1]
+        if self._self_telemetry is not None:
+            self_sm = self._new_scope_metrics(rm, self._self_scope)
+            written = self._self_telemetry.render(self_sm.metrics)
+            if not written:
+                del rm.scope_metrics[-1]
+            n += written
+        return n
+
     def produce(self, host_metrics: Any, resources: Any) -> int:
         """Drain everything recorded since the last call into OTLP.
 
@@ -172,17 +256,7 @@ class Producer:
         cache: AttributeCache = {}  # a GPU's attribute tuples repeat across metrics and processes
         n = self._encode_buffer(host_metrics, host, cache)
         for pid in sorted(procs):
-            buf = procs[pid]
-            attrs: dict[str, Any] = {names.AttrProcessPID: pid}
-            if resourcer is not None and not resourcer.put_resource(pid, attrs):
-                if self._telemetry is not None:
-                    self._telemetry.add("gpumetrics.processes.dropped_by_relabel")
-                continue
-            attrs[names.AttrProcessPID] = pid  # always the int pid, whatever the resourcer did
-            rm = resources.add()
-            encode_attributes(rm.resource.attributes, attrs.items())
-            sm = self._new_scope_metrics(rm, self._scope)
-            written = self._encode_buffer(sm.metrics, buf, cache)
+            written = self._encode_process(resources.add(), pid, procs[pid], resourcer, cache)
             if not written:
                 del resources[-1]
             n += written
@@ -193,19 +267,61 @@ class Producer:
 
         The host resource (``host_attributes``) carries the GPU metrics scope and, when
         configured, the ``gpumetrics.self`` scope; then one resource per process. The host
-        resource is left out when it has nothing to carry.
+        resource is left out when it has nothing to carry. The same content as
+        :meth:`collect_parts` without a budget, as one protobuf message.
         """
+        host, procs, resourcer = self._drain()
+        cache: AttributeCache = {}
         req = metrics_service_pb2.ExportMetricsServiceRequest()
-        host_rm = req.resource_metrics.add()
-        encode_attributes(host_rm.resource.attributes, self._host_attributes.items())
-        sm = self._new_scope_metrics(host_rm, self._scope)
-        self.produce(sm.metrics, req.resource_metrics)  # processes land after the host resource
-        if not sm.metrics:
-            del host_rm.scope_metrics[-1]
-        if self._self_telemetry is not None:
-            self_sm = self._new_scope_metrics(host_rm, self._self_scope)
-            if not self._self_telemetry.render(self_sm.metrics):
-                del host_rm.scope_metrics[-1]
-        if not host_rm.scope_metrics:
-            del req.resource_metrics[0]
+        if not self._encode_host(req.resource_metrics.add(), host, cache):
+            if not req.resource_metrics[0].scope_metrics:
+                del req.resource_metrics[0]
+        for pid in sorted(procs):
+            rm = req.resource_metrics.add()
+            if not self._encode_process(rm, pid, procs[pid], resourcer, cache):
+                del req.resource_metrics[-1]
         return req
+
+    def collect_parts(self, max_bytes: int = 0) -> CollectionParts:
+        """Produce one collection within ``max_bytes``, serialized resource by resource.
+
+        The content of :meth:`collect`, as :class:`CollectionParts`. Each process's
+        ``ResourceMetrics`` is built as a message of its own and serialized at once, so one
+        process's message is the only protobuf copy held. The host resource is always kept;
+        then processes in pid order, each kept when its part fits what is left of
+        ``max_bytes`` and left out otherwise (its points counted in
+        ``CollectionParts.dropped_points``; a later, smaller process may still fit).
+
+        Args:
+            max_bytes: the most serialized bytes of the whole collection (By); 0 = no limit.
+
+        Raises:
+            ValueError: ``max_bytes`` is negative.
+
+        """
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"max_bytes: must be an int >= 0, got {max_bytes!r}")
+        host, procs, resourcer = self._drain()
+        cache: AttributeCache = {}
+        out = CollectionParts()
+        used = 0
+        rm = metrics_pb2.ResourceMetrics()
+        n = self._encode_host(rm, host, cache)
+        if rm.scope_metrics:
+            part = len_field(1, rm.SerializeToString())
+            out.parts.append((part, n))
+            used = len(part)
+        for pid in sorted(procs):
+            rm = metrics_pb2.ResourceMetrics()
+            n = self._encode_process(rm, pid, procs[pid], resourcer, cache)
+            if not n:
+                continue
+            part = len_field(1, rm.SerializeToString())
+            del rm
+            if max_bytes and used + len(part) > max_bytes:
+                out.dropped_points += n
+                out.dropped_resources += 1
+                continue
+            out.parts.append((part, n))
+            used += len(part)
+        return out

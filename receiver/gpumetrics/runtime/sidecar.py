@@ -38,8 +38,10 @@ from gpumetrics.identity import (
     IdentityMode,
     ProcfsReader,
     check_profiler_mode_rules,
+    is_observed_key,
     load_relabel_configs,
     new_process_resourcer,
+    process_observer,
 )
 from gpumetrics.kubernetes import PodAttribution
 from gpumetrics.metrics import Producer
@@ -54,9 +56,10 @@ from gpumetrics.runtime.simulation import (
 from gpumetrics.runtime.summary import NvmlFacts, StartupSummary
 from gpumetrics.selftelemetry import SelfTelemetry, Telemetry, WithAttributes
 from gpumetrics.service import ListenError, ServerSettings, SidecarHealth, SidecarServer
+from gpumetrics.service.declarers import Observation
 from gpumetrics.service.errors import SettingError
 from gpumetrics.service.push import LOGS, METRICS, PushExporter, Signal
-from gpumetrics.store import BatchStore
+from gpumetrics.store import BatchStore, signals
 
 __all__ = ["CollectorLike", "Sidecar", "SidecarParts", "default_collector_factory"]
 
@@ -241,6 +244,9 @@ class Sidecar:
             host_name=ident.host_name,
             read_process_context=ident.read_process_context,
             mode=ident.mode,
+            limits=ident.resource_limits.limits(),
+            cache_max_bytes=ident.resource_limits.cache_max_bytes,
+            telemetry=telemetry,
         )
         host_attributes = _host_attributes(config, node, in_k8s)
         producer = Producer(
@@ -259,10 +265,21 @@ class Sidecar:
             telemetry=telemetry,
             max_batch_bytes=batch_cap(server_settings, config.push),
         )
-        events, logs_store = _events(config, host_attributes, telemetry)
+        events, logs_store = _events(
+            config, host_attributes, telemetry, batch_cap(server_settings, config.push)
+        )
         try:
             server = SidecarServer(
-                server_settings, store, declared, health, telemetry, logs_store=logs_store
+                server_settings,
+                store,
+                declared,
+                health,
+                telemetry,
+                logs_store=logs_store,
+                proc_root=ident.proc_root,
+                observation=Observation(
+                    is_observed_key, process_observer(ident.proc_root, ident.host_pid_namespace)
+                ),
             )
         except SettingError as exc:
             raise ConfigError.setting(f"server.{exc.setting}", exc.reason) from None
@@ -283,6 +300,7 @@ class Sidecar:
             batch_wait,
             companions=companions,
             after_batch=liveness.check,
+            max_collection_bytes=config.store.max_collection_bytes,
         )
         push = push_logs = None
         if config.push.endpoint:
@@ -446,17 +464,24 @@ class Sidecar:
 
 
 def _events(
-    config: SidecarConfig, host_attributes: dict[str, Any], telemetry: Telemetry
+    config: SidecarConfig,
+    host_attributes: dict[str, Any],
+    telemetry: Telemetry,
+    max_batch_bytes: int,
 ) -> tuple[EventProducer | None, BatchStore | None]:
     """Build the GPU events' producer and log store, or (None, None) when events are disabled.
 
-    The log store has its own size limits (``events.max_*``) and the metric store's consumer
-    limits; its self-telemetry carries ``signal=logs``.
+    The log store has its own size limits (``events.max_*``), the metric store's consumer
+    limits and batch size (so a PullLogs answer and a push export carry any batch; a larger
+    log batch is split by log records); its self-telemetry carries ``signal=logs``.
     """
     if not config.events.enabled:
         return None, None
     logs_store = BatchStore(
-        config.log_store_limits(), telemetry=WithAttributes(telemetry, {"signal": "logs"})
+        config.log_store_limits(),
+        telemetry=WithAttributes(telemetry, {"signal": "logs"}),
+        max_batch_bytes=max_batch_bytes,
+        signal=signals.LOGS,
     )
     return EventProducer(config.events, host_attributes, telemetry), logs_store
 

@@ -1,4 +1,4 @@
-"""The batch store: bounded, sequenced batches of serialized OTLP metrics with per-consumer cursors.
+"""The batch store: bounded, sequenced batches of serialized OTLP metrics or logs, with cursors.
 
 See :mod:`gpumetrics.store.batchstore` for the semantics and ``docs/protocol.md`` for the
 protocol built on it.
@@ -16,15 +16,19 @@ from gpumetrics.store.results import (
     StoreStats,
     TooManyConsumersError,
 )
+from gpumetrics.store.signals import LOGS, METRICS, Signal
 
 __all__ = [
     "CONSUMER_NAME_RE",
     "DEFAULT_CONSUMER",
     "DROP_REASONS",
+    "LOGS",
+    "METRICS",
     "BatchStore",
     "ConsumerStats",
     "Delivery",
     "PullResult",
+    "Signal",
     "StoreLimits",
     "StoreStats",
     "TooManyConsumersError",

@@ -1,12 +1,16 @@
-"""The :class:`BatchStore`: bounded, sequenced batches of serialized OTLP metrics.
+"""The :class:`BatchStore`: bounded, sequenced batches of serialized OTLP metrics or logs.
 
-Each batch is one serialized ``ExportMetricsServiceRequest``, stored once as bytes, at most
-``max_batch_bytes`` long: a larger collection is split into consecutive batches when it is
-appended (:func:`gpumetrics.metrics.split.split_request`), so every batch can always be sent in
-one gRPC message. Because a protobuf message's serialization is the concatenation of its fields,
-concatenating serialized ``ExportMetricsServiceRequest`` messages gives a valid serialized
-request whose ``resource_metrics`` are the concatenation of theirs, so a pull answer is the
-batches' bytes side by side (:attr:`PullResult.parts`) and never re-parsed.
+Each batch is one serialized export request of the store's signal
+(:class:`~gpumetrics.store.signals.Signal`: ``ExportMetricsServiceRequest`` for the metric store,
+``ExportLogsServiceRequest`` for the log store of GPU events), stored once as bytes, at most
+``max_batch_bytes`` long. A collection is appended resource entry by resource entry: each entry
+is serialized on its own and consecutive entries are packed into batches of at most
+``max_batch_bytes``, so no copy of the whole collection is ever made; an entry larger than that is
+split (:mod:`gpumetrics.store.split`), as its own signal, into consecutive batches, so every batch
+can always be sent in one gRPC message. Because a protobuf message's serialization is the
+concatenation of its fields, concatenating serialized export requests gives a valid serialized
+request whose resource entries are the concatenation of theirs, so a pull answer is the batches'
+bytes side by side (:attr:`PullResult.parts`) and never re-parsed.
 
 Delivery is at-least-once (``docs/protocol.md``): every named consumer has its own cursor, which
 is its acknowledged sequence; a pull returns the batches after its *read position*,
@@ -20,26 +24,28 @@ it was not sent, and an answer that never reached its consumer can be taken back
 (:meth:`BatchStore.undo_pull`). A batch is released only when every registered consumer has
 acknowledged it. When a
 limit (:class:`~gpumetrics.store.StoreLimits`) forces the oldest batches out, each consumer that
-had not acknowledged them is charged their points, which its next pull reports. Accounting is
-exact and exposed through :meth:`BatchStore.stats`:
+had not acknowledged them is charged their points, which its next pull reports. Data that never
+became a batch is charged the same way: a data point or log record too large for any batch
+(``max_batch_bytes``), what a failed split could not store (``split_error``), and what the
+producer left out of a collection (:meth:`BatchStore.charge_unstored`, ``max_collection_bytes``).
+Accounting is exact and exposed through :meth:`BatchStore.stats`:
 
 * store: ``appended_points == released_points + sum(dropped_points.values()) + held_points``;
 * each consumer: ``offered_points == acked_points + dropped_points_total + unacked_held_points``.
+
+"Points" are the signal's units: data points for metrics, log records for logs.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
-
-from gpumetrics.metrics.encode import count_points
-from gpumetrics.metrics.split import split_request
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 from gpumetrics.store.limits import DEFAULT_MAX_BATCH_BYTES, StoreLimits
 from gpumetrics.store.results import (
@@ -52,6 +58,17 @@ from gpumetrics.store.results import (
     StoreStats,
     TooManyConsumersError,
 )
+from gpumetrics.store.signals import METRICS, Signal
+from gpumetrics.store.split import field_size, split_entry
+from gpumetrics.wire import varint
+
+log = logging.getLogger(__name__)
+
+_Part = tuple[bytes, bytes, int]
+"""One framed resource entry (or a whole serialized request): (tag and length, body, units)."""
+
+_ENTRY_TAG = b"\x0a"
+"""Field 1, wire type LEN: the resource entries of every OTLP export request."""
 
 
 class _Batch:
@@ -112,9 +129,12 @@ class BatchStore:
         epoch: this store life's id (default: 16 random hex digits).
         max_batch_bytes: largest serialized batch kept (By); a larger collection is split into
             consecutive batches when it is appended, so that every batch fits one gRPC message
-            (:mod:`gpumetrics.metrics.split`). The runtime sets it to what a default Pull
-            answer and a push export may carry. A single data point whose envelope alone is
-            larger is dropped (drop reason ``max_batch_bytes``).
+            (:mod:`gpumetrics.store.split`). The runtime sets it to what a default Pull
+            answer and a push export may carry. A single data point or log record whose
+            envelope alone is larger is dropped (drop reason ``max_batch_bytes``).
+        signal: what the batches hold, :data:`~gpumetrics.store.signals.METRICS` (default) or
+            :data:`~gpumetrics.store.signals.LOGS`; oversized data is parsed and split as
+            that signal's request, and its units counted.
 
     Thread-safe: one lock guards everything; a pull costs O(batches returned + consumers),
     an acknowledgement O(batches acknowledged).
@@ -128,11 +148,14 @@ class BatchStore:
         clock: Callable[[], float] = time.monotonic,
         epoch: str | None = None,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        signal: Signal = METRICS,
     ) -> None:
         if max_batch_bytes <= 0:
             raise ValueError(f"max_batch_bytes: must be > 0, got {max_batch_bytes}")
         self.limits = limits or StoreLimits()
         self.max_batch_bytes = max_batch_bytes
+        self.signal = signal
+        self._split_error_logged = False
         self.epoch = epoch if epoch is not None else secrets.token_hex(8)
         self._telemetry = telemetry
         self._clock = clock
@@ -158,41 +181,150 @@ class BatchStore:
             return self._last_seq
 
     def append(self, request: Any) -> int:
-        """Append one ``ExportMetricsServiceRequest``; return the sequence of its last batch.
+        """Append one export request of the store's signal; return the sequence of its last batch.
 
-        A request larger than ``max_batch_bytes`` is split into several consecutive batches
-        (sequences 1, 2, 3… per epoch). The limits are applied right after each: a batch is
-        dropped (and counted) when it alone exceeds ``max_bytes`` or ``max_data_points``, and a
-        piece that cannot be split below ``max_batch_bytes`` (one data point with a larger
-        envelope) is dropped as ``max_batch_bytes`` without a sequence.
+        Its resource entries are serialized one at a time and packed, in order, into consecutive
+        batches of at most ``max_batch_bytes`` (sequences 1, 2, 3… per epoch); an entry larger
+        than that is split as its signal (:func:`~gpumetrics.store.split.split_entry`). The
+        limits are applied right after each batch: a batch is dropped (and counted) when it
+        alone exceeds ``max_bytes`` or ``max_data_points``, and a piece that cannot be split
+        below ``max_batch_bytes`` (one data point or log record with a larger envelope) is
+        dropped as ``max_batch_bytes`` without a sequence. If serializing or splitting fails,
+        what was not stored is dropped as ``split_error`` (logged once). A request with no
+        resource entry is stored as one empty batch.
         """
-        # Serialized once: a request that fits is stored as these bytes (measuring it with
-        # ByteSize first would serialize it twice: about 5 % of the sidecar's CPU at 8 GPUs).
-        data = request.SerializeToString()
-        if len(data) <= self.max_batch_bytes:
-            return self._append(data, count_points(request))
-        pieces = split_request(request, self.max_batch_bytes)
-        seq = self.last_sequence
-        for piece in pieces:
-            seq = self._append(piece.SerializeToString(), count_points(piece))
-        return seq
+        total = self.signal.count(request)
+        return self._pack(self._entries(request), total)
 
     def append_serialized(self, data: bytes, points: int) -> int:
-        """Append a serialized ``ExportMetricsServiceRequest`` holding ``points`` data points.
+        """Append a serialized export request of the store's signal holding ``points`` units.
 
-        Data larger than ``max_batch_bytes`` is parsed and split as :meth:`append` does.
+        Data larger than ``max_batch_bytes`` is parsed as the store's signal and split as
+        :meth:`append` does; data that cannot be parsed then is dropped as ``split_error``
+        (all ``points`` of it, logged once).
 
         Raises:
             ValueError: ``points`` is negative or ``data`` is not bytes.
 
         """
-        if not isinstance(data, bytes):
-            raise ValueError(f"data: must be bytes, got {type(data).__name__}")
+        return self.append_parts([(data, points)])
+
+    def append_parts(self, parts: Iterable[tuple[bytes, int]]) -> int:
+        """Append consecutive serialized export requests, packed into as few batches as fit.
+
+        Args:
+            parts: ``(data, units)`` pairs: each ``data`` a serialized export request of the
+                store's signal (usually one resource entry, as
+                ``gpumetrics.metrics.Producer.collect_parts`` makes them) holding ``units`` data
+                points or log records. Consecutive parts share a batch while it stays within
+                ``max_batch_bytes``; a part larger than that is parsed and split (see
+                :meth:`append_serialized`).
+
+        Returns:
+            The sequence of the last batch (the current last sequence when nothing was stored).
+
+        Raises:
+            ValueError: a ``units`` is negative or a ``data`` is not bytes (nothing is stored).
+
+        """
+        checked = list(parts)
+        for data, points in checked:
+            if not isinstance(data, bytes):
+                raise ValueError(f"data: must be bytes, got {type(data).__name__}")
+            if isinstance(points, bool) or not isinstance(points, int) or points < 0:
+                raise ValueError(f"points: must be an int >= 0, got {points!r}")
+        total = sum(points for _, points in checked)
+        return self._pack(self._serialized(checked), total)
+
+    def charge_unstored(self, points: int, reason: str) -> None:
+        """Count ``points`` that were left out before they could be appended, under ``reason``.
+
+        For data the producer dropped to stay within a budget of its own (``Producer``'s
+        ``max_collection_bytes``): they count as appended and dropped, and every registered
+        consumer is charged them (its next pull reports them), as for a batch dropped by a
+        limit.
+
+        Raises:
+            ValueError: ``points`` is negative, or ``reason`` is not one of
+                :data:`~gpumetrics.store.DROP_REASONS`.
+
+        """
         if isinstance(points, bool) or not isinstance(points, int) or points < 0:
             raise ValueError(f"points: must be an int >= 0, got {points!r}")
-        if len(data) > self.max_batch_bytes:
-            return self.append(metrics_service_pb2.ExportMetricsServiceRequest.FromString(data))
-        return self._append(data, points)
+        if reason not in DROP_REASONS:
+            raise ValueError(f"reason: must be one of {', '.join(DROP_REASONS)}, got {reason!r}")
+        if points:
+            self._charge(points, reason)
+
+    # -- packing resource entries into batches -------------------------------------------------
+
+    def _entries(self, request: Any) -> Iterator[_Part]:
+        """Each resource entry of ``request`` framed as a request of its own (split if needed)."""
+        for entry in getattr(request, self.signal.resources):
+            body = entry.SerializeToString()
+            if field_size(len(body)) <= self.max_batch_bytes:
+                yield _ENTRY_TAG + varint(len(body)), body, self.signal.count_resource(entry)
+                continue
+            del body
+            for part in split_entry(entry, self.max_batch_bytes, self.signal):
+                body = part.SerializeToString()
+                yield _ENTRY_TAG + varint(len(body)), body, self.signal.count_resource(part)
+
+    def _serialized(self, parts: list[tuple[bytes, int]]) -> Iterator[_Part]:
+        """Yield the parts as they are, or, for one larger than a batch, its entries (parsed)."""
+        for data, points in parts:
+            if len(data) <= self.max_batch_bytes:
+                yield b"", data, points
+            else:
+                yield from self._entries(self.signal.parse(data))
+
+    def _pack(self, parts: Iterator[_Part], total: int) -> int:
+        """Append ``parts`` in order, packed into batches; count what a failure leaves unstored."""
+        stored = 0  # units appended or dropped through _append
+        chunk: list[bytes] = []
+        size = points = 0
+        any_batch = False
+        try:
+            for head, body, n in parts:
+                length = len(head) + len(body)
+                if chunk and size + length > self.max_batch_bytes:
+                    self._append(b"".join(chunk), points)
+                    stored, chunk, size, points, any_batch = stored + points, [], 0, 0, True
+                if length > self.max_batch_bytes:  # indivisible: _append drops and counts it
+                    self._append(head + body, n)
+                    stored, any_batch = stored + n, True
+                    continue
+                chunk += (head, body) if head else (body,)
+                size, points = size + length, points + n
+            if chunk or not any_batch:
+                self._append(b"".join(chunk), points)
+                stored += points
+        except Exception as exc:  # noqa: BLE001 - whatever failed, what was lost is counted
+            self._split_failed(max(0, total - stored), exc)
+        return self.last_sequence
+
+    def _split_failed(self, points: int, exc: Exception) -> None:
+        level = logging.DEBUG if self._split_error_logged else logging.ERROR
+        self._split_error_logged = True
+        log.log(
+            level,
+            "could not store a %s batch (%s: %s): %d %s dropped, counted as split_error "
+            "(logged once)",
+            self.signal.name,
+            type(exc).__name__,
+            exc,
+            points,
+            self.signal.unit,
+        )
+        self._charge(points, "split_error")
+
+    def _charge(self, points: int, reason: str) -> None:
+        """Count ``points`` that never became a batch as one appended and dropped batch."""
+        with self._lock:
+            self._appended[0] += 1
+            self._appended[1] += points
+            self._drop_unsequenced(points, reason)
+            self._publish()
 
     def _append(self, data: bytes, points: int) -> int:
         with self._lock:
