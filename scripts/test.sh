@@ -14,8 +14,9 @@
 #      (scripts/validate-compose.sh), and of the Helm chart and deploy/manifests/ (helm lint,
 #      manifests fresh, strict decode into the Kubernetes API types: scripts/check-kubernetes.sh);
 #   5. the end-to-end tests (pytest -m e2e): builds the otelcol-gpumetrics distribution with the
-#      Collector Builder (collector/scripts/build-otelcol.sh, cached by hash), then runs the real
-#      Collector against the real sidecar (docs/e2e.md);
+#      Collector Builder (collector/scripts/build-otelcol.sh, cached by hash) and Prometheus
+#      (scripts/prometheus.sh, compose's version, cached), then runs the real Collector against
+#      the real sidecar, and the dashboard's PromQL in the real Prometheus (docs/e2e.md);
 #   6. the live eBPF profiler (pytest -m live_profiler): builds the OpenTelemetry eBPF profiler
 #      at a pinned version (scripts/ebpf-profiler/build.sh, cached by hash) and joins its live
 #      profiles with the sidecar's GPU resources through the real Collector. Where it cannot
@@ -23,7 +24,8 @@
 #      as skipped, with the reason, not as passed.
 #   GPUMETRICS_SKIP_E2E=1   skip stages 5 and 6 (the first Collector build takes minutes)
 # Every stage runs even when an earlier one failed; a summary line per stage and the total come
-# last, and the exit status is 1 when any stage failed.
+# last, and the exit status is 1 when any stage failed. Stage 0 (scripts/check-tracked-files.sh)
+# refuses tracked build outputs: binaries, and files over 4 MiB not in scripts/large-files.allow.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # First run (no virtual environment or no cached Collector yet): say what is downloaded and how long.
@@ -33,8 +35,9 @@ if [ ! -x "${VENV:-.venv}/bin/python" ] || ! compgen -G "${XDG_CACHE_HOME:-$HOME
    for the oldest supported nvidia-ml-py) and buf (npm), Go modules for the receiver's tests, the
    relabel oracle (Prometheus) and the Kubernetes checks (client-go, k8s.io/api, Helm built with
    go install) from the Go module proxy and, for the end-to-end stage, the Collector Builder and
-   grpcurl and the OpenTelemetry eBPF profiler's module, then builds otelcol-gpumetrics and the
-   profiler: several GB in ~/go and ~/.cache. Measured pieces on
+   grpcurl and the OpenTelemetry eBPF profiler's module, then builds otelcol-gpumetrics, the
+   profiler and Prometheus (compose's version, for the Grafana dashboard's PromQL; ~10 min):
+   several GB in ~/go and ~/.cache. Measured pieces on
    2 cores: Helm ~6 min, the Kubernetes modules ~2 min, the Collector build a few; expect 15-20
    minutes in all. Later runs download nothing and reuse the cached binaries.
    GPUMETRICS_SKIP_E2E=1 skips the Collector build and the end-to-end stage.
@@ -139,10 +142,20 @@ build_otelcol() {
   printf '%s\n' "$bin" > "$OTELCOL_PATH_FILE"
 }
 
+# The real Prometheus (compose's version) the compose e2e test evaluates the Grafana
+# dashboard's PromQL in; built from the Go module proxy by scripts/prometheus.sh, cached.
+build_prometheus() {
+  local bin
+  bin=$(./scripts/prometheus.sh | tail -n1)
+  "$bin" --version
+  printf '%s\n' "$bin" > "$PROMETHEUS_PATH_FILE"
+}
+
 OTELCOL_PATH_FILE=$(mktemp)
+PROMETHEUS_PATH_FILE=$(mktemp)
 SKIP_REASON_FILE=$(mktemp)
 LIVE_REPORT=$(mktemp)
-trap 'rm -f "$OTELCOL_PATH_FILE" "$SKIP_REASON_FILE" "$LIVE_REPORT"' EXIT
+trap 'rm -f "$OTELCOL_PATH_FILE" "$PROMETHEUS_PATH_FILE" "$SKIP_REASON_FILE" "$LIVE_REPORT"' EXIT
 
 use_otelcol() {
   OTELCOL_GPUMETRICS=$(cat "$OTELCOL_PATH_FILE")
@@ -152,6 +165,9 @@ use_otelcol() {
 
 e2e() {
   use_otelcol
+  PROMETHEUS=$(cat "$PROMETHEUS_PATH_FILE")
+  [ -n "$PROMETHEUS" ] || { echo "no Prometheus binary: the build stage failed"; return 1; }
+  export PROMETHEUS
   run_pytest -m "e2e and not live_profiler"
 }
 
@@ -164,6 +180,7 @@ live_profiler() {
   python scripts/junit_outcome.py "$LIVE_REPORT" "$SKIP_REASON_FILE"
 }
 
+stage "no tracked build output or file over 4 MiB" ./scripts/check-tracked-files.sh
 stage "generated code is fresh" ./scripts/check-generated.sh
 stage "lint" lint
 nvml_newest=$(python -c 'import importlib.metadata as m; print(m.version("nvidia-ml-py"))')
@@ -175,10 +192,12 @@ stage "compose and configuration (static)" ./scripts/validate-compose.sh
 stage "kubernetes (helm lint, manifests fresh, strict decode)" ./scripts/check-kubernetes.sh
 if [ -n "${GPUMETRICS_SKIP_E2E:-}" ]; then
   skip "build otelcol-gpumetrics" "GPUMETRICS_SKIP_E2E is set"
+  skip "build prometheus (dashboard PromQL)" "GPUMETRICS_SKIP_E2E is set"
   skip "end-to-end tests" "GPUMETRICS_SKIP_E2E is set"
   skip "live eBPF profiler (end-to-end)" "GPUMETRICS_SKIP_E2E is set"
 else
   stage "build otelcol-gpumetrics" build_otelcol
+  stage "build prometheus (dashboard PromQL)" build_prometheus
   stage "end-to-end tests" e2e
   stage "live eBPF profiler (end-to-end)" live_profiler
 fi

@@ -3,7 +3,9 @@ and the Collector with the commands, environment and configuration files the com
 the Dockerfiles give them, as plain processes (tests/e2e/compose.py maps paths and ports), then
 checks what the demo shows: the sidecar's compose healthcheck passes, every Prometheus target of
 compose/prometheus.yml serves, the simulated profile's GPUs appear in the Collector's Prometheus
-exporter, and every metric the Grafana dashboard queries exists (docs/e2e.md)."""
+exporter, every metric the Grafana dashboard queries exists, and the compose Prometheus service
+itself (the real Prometheus, at the version compose runs, scraping the Collector with
+compose/prometheus.yml) answers every panel's PromQL with series (docs/e2e.md)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import nvmlsim as sim
 
 from .compose import HostMapping, compose_cli, compose_config, service_run
 from .harness import Proc, clean_environ, gpumetrics_command, procs, wait_for
+from .promql import dashboard_queries, evaluate
 
 pytestmark = pytest.mark.e2e
 
@@ -71,8 +74,36 @@ def bind_source(service: dict[str, Any], target: str) -> Path:
     raise AssertionError(f"no bind mount at {target}")
 
 
+def prometheus_run(
+    config: dict[str, Any], mapping: HostMapping, binary: Path, tmp_path: Path
+) -> tuple[list[str], Path, str]:
+    """The compose ``prometheus`` service as a process: (argv, working directory, base URL).
+
+    The image (``prom/prometheus``) runs ``/bin/prometheus`` in ``/prometheus`` with the compose
+    ``command`` in place of its CMD, so its TSDB is ``data/`` there; here that directory is a
+    temporary one. The bind-mounted configuration is copied with its targets mapped to the
+    Collector's loopback ports, and the listener (the image's ``0.0.0.0:9090``, published on
+    127.0.0.1:9090) moves to a free loopback port. Nothing else is changed.
+    """
+    service = config["services"]["prometheus"]
+    image = service["image"]
+    assert image.startswith("prom/prometheus:"), image
+    source = bind_source(service, "/etc/prometheus/prometheus.yml")
+    mapped = tmp_path / "prometheus.yml"
+    mapped.write_text(mapping.rewrite(source.read_text()))
+    (published,) = [int(p["target"]) for p in service.get("ports", [])]
+    listen = f"127.0.0.1:{mapping.port(published)}"
+    argv = [str(binary)]
+    for arg in service["command"]:
+        argv.append(arg.replace("/etc/prometheus/prometheus.yml", str(mapped)))
+    argv.append(f"--web.listen-address={listen}")
+    workdir = tmp_path / "prometheus-workdir"
+    workdir.mkdir()
+    return argv, workdir, f"http://{listen}"
+
+
 def test_compose_services_run_as_plain_processes(
-    otelcol: Path, tmp_path: Path, volume_root: Path
+    otelcol: Path, prometheus: Path, tmp_path: Path, volume_root: Path
 ) -> None:
     config = compose_config(compose_cli())
     assert {"gpumetrics", "otelcol", "prometheus", "grafana"} <= set(config["services"]), (
@@ -93,13 +124,18 @@ def test_compose_services_run_as_plain_processes(
     assert sidecar.healthcheck is not None and sidecar.healthcheck[0] == "python"
     health_argv = [sys.executable] + [mapping.rewrite(a) for a in sidecar.healthcheck[1:]]
 
-    prometheus = config["services"]["prometheus"]
-    scrape = yaml.safe_load(bind_source(prometheus, "/etc/prometheus/prometheus.yml").read_text())
+    prom_service = config["services"]["prometheus"]
+    scrape = yaml.safe_load(bind_source(prom_service, "/etc/prometheus/prometheus.yml").read_text())
     targets = {
         job["job_name"]: [mapping.rewrite(t) for sc in job["static_configs"] for t in sc["targets"]]
         for job in scrape["scrape_configs"]
     }
     health_url = f"http://{mapping.rewrite_env(collector.env)['HEALTH_CHECK_ENDPOINT']}/"
+    prom_argv, prom_dir, prom_url = prometheus_run(config, mapping, prometheus, tmp_path)
+    dashboards = bind_source(config["services"]["grafana"], "/var/lib/grafana/dashboards")
+    queries = [(f"{path.name}: {title}", expr) for path in sorted(dashboards.glob("*.json"))
+               for title, expr in dashboard_queries(path)]  # fmt: skip
+    assert queries, f"no panel query in {dashboards}"
 
     # otelcol depends on otlp-token having written the OTLP receiver's token (and exited 0)
     assert config["services"]["otelcol"]["depends_on"]["otlp-token"]["condition"] == (
@@ -179,6 +215,33 @@ def test_compose_services_run_as_plain_processes(
 
         otlp = mapping.rewrite_env(collector.env)["OTLP_GRPC_ENDPOINT"]
         assert_profiles_need_the_token(otlp, token, exporter_text)
+
+        # The dashboard's PromQL in the compose Prometheus, scraping the Collector as compose
+        # runs it (scrape_interval 10 s: rate() over [1m] needs two scrapes).
+        prom = Proc("prometheus", prom_argv, clean_environ(), tmp_path / "prometheus.log", prom_dir)
+        started.append(prom)
+
+        def wrong_queries() -> list[str]:
+            return [
+                f"{panel}: {expr!r}: {problem}"
+                for panel, expr in queries
+                if (problem := evaluate(prom_url, expr)[0]) is not None
+            ]
+
+        def panels_answered() -> bool:
+            return prom.running() and not wrong_queries()
+
+        wait_for(
+            panels_answered,
+            TIMEOUT_S,
+            "every Grafana panel query to return series from Prometheus",
+            lambda: "\n".join(wrong_queries()) + "\n" + prom.log_tail() + col.log_tail(),
+        )
+        # the check itself can fail: a broken query, a series that does not exist
+        broken = queries[0][1].rstrip("}")[:-1] if "}" in queries[0][1] else queries[0][1] + "{"
+        assert evaluate(prom_url, broken)[0] is not None, broken
+        assert "no series" in str(evaluate(prom_url, "hw_gpu_utilization_ratio{hw_id='nope'}")[0])
+        assert prom.stop(timeout_s=20) == 0, prom.log_tail()
 
         assert col.stop(timeout_s=20) == 0, col.log_tail()
         assert side.stop(timeout_s=20) == 0, side.log_tail()

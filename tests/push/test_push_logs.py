@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -14,6 +13,8 @@ from gpumetrics.selftelemetry import Telemetry, WithAttributes
 from gpumetrics.service.push import LOGS, PUSH_CONSUMER, ExportResult, PushExporter, PushSettings
 from gpumetrics.store import BatchStore, signals
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+
+from .conftest import PooledServer
 
 GPU = (("hw.id", "GPU-0"), ("hw.name", "gpu0"))
 
@@ -41,14 +42,14 @@ class FakeLogsCollector(logs_service_pb2_grpc.LogsServiceServicer):
 @pytest.fixture
 def logs_collector() -> Iterator[tuple[FakeLogsCollector, str]]:
     fake = FakeLogsCollector()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(fake, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    served = PooledServer(2)
+    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(fake, served.server)
+    port = served.server.add_insecure_port("127.0.0.1:0")
+    served.server.start()
     try:
         yield fake, f"127.0.0.1:{port}"
     finally:
-        server.stop(0).wait()
+        served.stop()
 
 
 def logs_store(n: int) -> BatchStore:

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -26,6 +27,7 @@ from gpumetrics.identity import DeclaredStore, is_observed_key, process_observer
 from gpumetrics.selftelemetry import Telemetry
 from gpumetrics.service import ServerSettings, SidecarHealth, SidecarServer
 from gpumetrics.service.declarers import Observation
+from gpumetrics.service.gate import join_pool
 from gpumetrics.service.peercred import PeerCredentials, PeerCredRelay, peer_credentials
 from gpumetrics.service.profiler import ProfilerServicer
 from gpumetrics.store import BatchStore
@@ -75,8 +77,9 @@ def relayed(short_tmp: Path) -> Iterator[Relayed]:
     telemetry = Telemetry()
     relay = PeerCredRelay(path, 0o600, max_connections=2, telemetry=telemetry)
     peers = _Peers(relay)
+    pool = futures.ThreadPoolExecutor(2)
     server = grpc.server(
-        futures.ThreadPoolExecutor(2),
+        pool,
         interceptors=[peers],
         options=[("grpc.max_receive_message_length", 32 << 20)],
     )
@@ -90,6 +93,7 @@ def relayed(short_tmp: Path) -> Iterator[Relayed]:
         relay.stop_accepting()
         server.stop(0).wait()
         relay.stop()
+        assert join_pool(pool, time.monotonic() + 10), "the server's threads did not end"
 
 
 def test_grpcio_alone_tells_nothing_about_a_unix_peer(short_tmp: Path) -> None:
@@ -108,13 +112,15 @@ def test_grpcio_alone_tells_nothing_about_a_unix_peer(short_tmp: Path) -> None:
                 unary, handler.request_deserializer, handler.response_serializer
             )
 
-    server = grpc.server(futures.ThreadPoolExecutor(1), interceptors=[Record()])
+    pool = futures.ThreadPoolExecutor(1)
+    server = grpc.server(pool, interceptors=[Record()])
     health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
     server.add_insecure_port(f"unix:{short_tmp}/plain.sock")
     server.start()
     with grpc.insecure_channel(f"unix:{short_tmp}/plain.sock") as ch:
         health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=TIMEOUT)
     server.stop(0).wait()
+    assert join_pool(pool, time.monotonic() + 10), "the server's threads did not end"
     assert seen["peer"] == "unix:"
     assert set(seen["auth"]) == {"transport_security_type", "security_level"}
 
@@ -384,7 +390,8 @@ def test_a_trusted_uid_may_declare_any_process(short_tmp: Path) -> None:
 def test_a_unix_peer_no_relay_knows_is_refused(short_tmp: Path) -> None:
     """Fail closed: the servicer on a unix socket without a relay (never so in the sidecar)."""
     telemetry = Telemetry()
-    server = grpc.server(futures.ThreadPoolExecutor(1))
+    pool = futures.ThreadPoolExecutor(1)
+    server = grpc.server(pool)
     profiler_pb2_grpc.add_ProfilerIntegrationServiceServicer_to_server(
         ProfilerServicer(DeclaredStore(), telemetry), server
     )
@@ -400,6 +407,7 @@ def test_a_unix_peer_no_relay_knows_is_refused(short_tmp: Path) -> None:
                 )
     finally:
         server.stop(0).wait()
+        assert join_pool(pool, time.monotonic() + 10), "the server's threads did not end"
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "credentials are unknown" in (err.value.details() or "")
     assert telemetry.value("gpumetrics.declarations.refused", {"reason": "unknown_peer"}) == 1

@@ -158,8 +158,33 @@ def _client_flags(p: argparse.ArgumentParser, default_address: str | None = None
     )
 
 
+def _pull_flags(p: argparse.ArgumentParser) -> None:
+    """Add the flags ``pull`` and ``pull-logs`` share (each adds its own record cap)."""
+    _client_flags(p)
+    p.add_argument(
+        "--format", choices=["json", "text"], default="json", help="json = OTLP/JSON (default)"
+    )
+    p.add_argument("--consumer", default="cli", help="consumer name (default cli)")
+    p.add_argument("--no-ack", action="store_true", help="do not acknowledge what was pulled")
+    p.add_argument(
+        "--max-bytes",
+        type=_int_in(0, UINT64_MAX, f"0..{UINT64_MAX} (a uint64; 0 = server default)"),
+        default=0,
+        metavar="N",
+        help="cap on bytes (0 = server default)",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep retrying for up to SECONDS while the sidecar is starting or has not produced "
+        "its first batch (UNAVAILABLE); default 0 = one attempt",
+    )
+
+
 def build_parser() -> CommandParser:
-    """Build the whole command line (``serve``, ``pull``, ``declare``, ``count-gpus``)."""
+    """Build the command line: ``serve``, ``pull``, ``pull-logs``, ``declare``, ``count-gpus``."""
     parser = CommandParser(
         prog="gpumetrics",
         description="NVIDIA GPU metrics as OTLP over a gRPC pull endpoint.",
@@ -213,12 +238,7 @@ def build_parser() -> CommandParser:
         description="Pull once and print "
         "the ExportMetricsServiceRequest; acknowledge it unless --no-ack.",
     )
-    _client_flags(pull)
-    pull.add_argument(
-        "--format", choices=["json", "text"], default="json", help="json = OTLP/JSON (default)"
-    )
-    pull.add_argument("--consumer", default="cli", help="consumer name (default cli)")
-    pull.add_argument("--no-ack", action="store_true", help="do not acknowledge what was pulled")
+    _pull_flags(pull)
     pull.add_argument(
         "--max-points",
         type=_int_in(0, UINT32_MAX, f"0..{UINT32_MAX} (a uint32; 0 = server default)"),
@@ -226,20 +246,19 @@ def build_parser() -> CommandParser:
         metavar="N",
         help="cap on data points (0 = server default)",
     )
-    pull.add_argument(
-        "--max-bytes",
-        type=_int_in(0, UINT64_MAX, f"0..{UINT64_MAX} (a uint64; 0 = server default)"),
+    pull_logs = sub.add_parser(
+        "pull-logs",
+        help="pull the GPU events (OTLP logs) once and print",
+        description="Pull the GPU events once (gpumetrics.v1.LogsPullService) and print the "
+        "ExportLogsServiceRequest; acknowledge it unless --no-ack.",
+    )
+    _pull_flags(pull_logs)
+    pull_logs.add_argument(
+        "--max-records",
+        type=_int_in(0, UINT32_MAX, f"0..{UINT32_MAX} (a uint32; 0 = server default)"),
         default=0,
         metavar="N",
-        help="cap on bytes (0 = server default)",
-    )
-    pull.add_argument(
-        "--wait",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="keep retrying for up to SECONDS while the sidecar is starting or has not produced "
-        "its first batch (UNAVAILABLE); default 0 = one attempt",
+        help="cap on log records (0 = server default)",
     )
 
     declare = sub.add_parser(
@@ -289,5 +308,13 @@ def build_parser() -> CommandParser:
     count.add_argument(
         "--proc-root", default="/proc", metavar="DIR", help="procfs root (default /proc)"
     )
-    parser.commands.update({"serve": serve, "pull": pull, "declare": declare, "count-gpus": count})
+    parser.commands.update(
+        {
+            "serve": serve,
+            "pull": pull,
+            "pull-logs": pull_logs,
+            "declare": declare,
+            "count-gpus": count,
+        }
+    )
     return parser

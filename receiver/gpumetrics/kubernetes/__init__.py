@@ -3,9 +3,11 @@
 Modules: :mod:`.settings` (the ``kubernetes`` configuration section), :mod:`.client` (the
 pod-resources v1 client over the kubelet's unix socket; messages in :mod:`.podresources.v1`,
 generated from ``proto/gpumetrics/kubernetes/podresources/v1/podresources.proto``),
-:mod:`.allocations` (device ids → holders, and the attribute rule; pure) and
-:mod:`.attribution` (:class:`PodAttribution`: the refresher thread and the snapshot the
-collector reads).
+:mod:`.allocations` (device ids → holders, and the attribute rule; pure), :mod:`.dra` (DRA
+claim devices → GPU UUIDs through ResourceSlices; pure), :mod:`.apiserver` (the optional read of
+this node's ResourceSlices), :mod:`.emission` (when ``nvidia.gpu.k8s.allocation`` is recorded),
+:mod:`.reporting` (what is counted and logged, once per change) and :mod:`.attribution`
+(:class:`PodAttribution`: the refresher thread and the snapshot the collector reads).
 """
 
 from gpumetrics.kubernetes.allocations import (
@@ -19,11 +21,12 @@ from gpumetrics.kubernetes.allocations import (
 )
 from gpumetrics.kubernetes.attribution import PodAttribution
 from gpumetrics.kubernetes.client import Failure, PodResourcesClient, PodResourcesError
-from gpumetrics.kubernetes.settings import GPUIdType, KubernetesSettings
+from gpumetrics.kubernetes.settings import DRASettings, GPUIdType, KubernetesSettings
 
 __all__ = [
     "EMPTY",
     "Allocations",
+    "DRASettings",
     "Failure",
     "GPUIdType",
     "Grant",

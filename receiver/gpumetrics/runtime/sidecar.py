@@ -258,7 +258,7 @@ class Sidecar:
         producer.set_process_resourcer(resourcer)
         attribution = None
         if config.kubernetes.enabled(in_k8s):
-            attribution = PodAttribution(config.kubernetes, telemetry)
+            attribution = PodAttribution(config.kubernetes, telemetry, node_name=node)
             producer.set_device_attribution(attribution)
         store = BatchStore(
             config.store.limits(),

@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from typing import Any
@@ -54,6 +55,26 @@ log = logging.getLogger(__name__)
 
 _LOGGED_MAX = 256
 _NAME_MAX = 128  # the longest consumer or declarer name the services accept
+
+
+def join_pool(pool: futures.ThreadPoolExecutor, deadline: float | None) -> bool:
+    """Shut ``pool`` down (queued work cancelled) and join its threads by ``deadline``.
+
+    ``ThreadPoolExecutor.shutdown(wait=True)`` has no timeout, and a thread still in a call that
+    ignores cancellation would hold a shutdown for ever; the threads are joined one by one
+    against ``deadline`` (``time.monotonic()``; None: not at all) instead, so a stopped server
+    leaves no thread behind (a test's or a restart's) without risking the shutdown budget.
+
+    Returns:
+        True when every thread the pool started has ended.
+
+    """
+    pool.shutdown(wait=False, cancel_futures=True)
+    threads = list(getattr(pool, "_threads", ()))  # CPython's set of the pool's workers
+    for thread in threads:
+        if deadline is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.is_alive() for t in threads)
 
 
 class _Malformed:
@@ -88,9 +109,17 @@ class StreamSlots:
             max_workers=limit + 1, thread_name_prefix=f"grpc-{name.rsplit('.', 1)[-1]}"
         )
 
-    def close(self) -> None:
-        """Let the pool's threads end once their calls have (the server has stopped)."""
-        self.pool.shutdown(wait=False, cancel_futures=True)
+    def close(self, deadline: float | None = None) -> bool:
+        """End the pool's threads once their calls have (the server has stopped).
+
+        Args:
+            deadline: ``time.monotonic()`` by which to have joined them (None: do not wait).
+
+        Returns:
+            True when every thread of the pool has ended.
+
+        """
+        return join_pool(self.pool, deadline)
 
     @property
     def open(self) -> int:
@@ -161,10 +190,18 @@ class StreamTable:
         """Wait until no streaming call is open; False if ``timeout`` s passed first."""
         return all(s.wait_open_at_most(0, timeout) for s in self._every())
 
-    def close(self) -> None:
-        """Release the stream threads (after every server sharing the table has stopped)."""
-        for s in self._every():
-            s.close()
+    def close(self, deadline: float | None = None) -> bool:
+        """Release the stream threads (after every server sharing the table has stopped).
+
+        Args:
+            deadline: ``time.monotonic()`` by which to have joined them (None: do not wait).
+
+        Returns:
+            True when every stream thread has ended.
+
+        """
+        ended = [s.close(deadline) for s in self._every()]
+        return all(ended)
 
 
 class Gatekeeper(grpc.ServerInterceptor):

@@ -39,6 +39,7 @@ import os
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 from gpumetrics.service.auth import AuthPolicy, TokenAuth, read_token_file
 from gpumetrics.service.declarers import DeclarePolicy, Observation
 from gpumetrics.service.errors import SettingError
-from gpumetrics.service.gate import Gatekeeper, StreamTable
+from gpumetrics.service.gate import Gatekeeper, StreamTable, join_pool
 from gpumetrics.service.health import SidecarHealth
 from gpumetrics.service.inflight import InflightBudget
 from gpumetrics.service.logs_pull import LogsPullServicer
@@ -89,6 +90,10 @@ _BASE_POLICIES = {
 _HEALTH_WORKERS = 2
 _SAME_SLOTS = {REFLECTION_V1_SERVICE: REFLECTION_SERVICE}
 """Services whose streams count against another's slots: reflection v1 is v1alpha's servicer."""
+
+JOIN_TIMEOUT_S = 1.0
+"""The most :meth:`SidecarServer.stop` waits, after the servers stopped, for their call threads
+to end (they end as soon as their cancelled calls return)."""
 
 
 @dataclass(frozen=True)
@@ -429,7 +434,7 @@ class SidecarServer:
                     g.server.stop(0).wait()  # before their pools are shut down
                 for relay in self._relays:
                     relay.stop()
-                self._release_threads()
+                self._release_threads(time.monotonic() + JOIN_TIMEOUT_S)
                 self._remove_sockets()
                 raise
             self._started = True
@@ -461,7 +466,9 @@ class SidecarServer:
         """Stop serving: health NOT_SERVING first, then stop accepting, then finish or cancel.
 
         Calls in flight get ``grace`` seconds (None: wait for all) before they are cancelled; the
-        health-only listener stops last so probes see NOT_SERVING until the end. Unix socket
+        health-only listener stops last so probes see NOT_SERVING until the end. Then the
+        threads of every call pool (unary and streams) are joined, for at most
+        :data:`JOIN_TIMEOUT_S` more, so a stopped server leaves no thread running. Unix socket
         files are removed. Idempotent; safe before :meth:`start`.
         """
         with self._lock:
@@ -478,19 +485,23 @@ class SidecarServer:
             relay.stop()
         if self._health_only is not None:
             self._health_only.server.stop(0).wait()
-        self._release_threads()
+        self._release_threads(time.monotonic() + JOIN_TIMEOUT_S)
         self._remove_sockets()
 
-    def _release_threads(self) -> None:
-        """Let the pools' threads end once their calls have (every server has stopped).
+    def _release_threads(self, deadline: float | None) -> bool:
+        """End the pools' threads once their calls have (every server has stopped).
 
         A stopped grpc.Server leaves its pool alone (``grpc._server`` never shuts it down), so
-        the pools shared by the main and profiler servers are shut here, after both.
+        the pools shared by the main and profiler servers are shut here, after both, and their
+        threads joined by ``deadline`` (``time.monotonic()``; None: not waited for).
+
+        Returns:
+            True when every pool and stream thread has ended.
+
         """
-        for pool in (self._pool, self._health_pool):
-            pool.shutdown(wait=False, cancel_futures=True)
-        self._streams.close()
-        self._health_streams.close()
+        ended = [join_pool(pool, deadline) for pool in (self._pool, self._health_pool)]
+        ended += [t.close(deadline) for t in (self._streams, self._health_streams)]
+        return all(ended)
 
     def _remove_sockets(self) -> None:
         for g in self._groups():

@@ -36,6 +36,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{/* "true" when the sidecar reads this node's ResourceSlices (DRA), else empty. */}}
+{{- define "gpumetrics.readsResourceSlices" -}}
+{{- if and .Values.podAttribution.enabled .Values.podAttribution.dra.resourceSlices -}}true{{- end -}}
+{{- end -}}
+
 {{/* Checks of combinations the schema cannot express. */}}
 {{- define "gpumetrics.validate" -}}
 {{- if not (has .Values.topology (list "sidecar" "subprocess")) -}}
@@ -125,6 +130,7 @@ capabilities:
 {{- if .Values.podAttribution.enabled -}}
 {{- $_ := set $kubernetes "pod_resources_socket" (printf "%s/kubelet.sock" (trimSuffix "/" .Values.podAttribution.socketDir)) -}}
 {{- $_ := set $kubernetes "gpu_id_type" .Values.podAttribution.gpuIdType -}}
+{{- $_ := set $kubernetes "dra" (dict "resource_slices" (include "gpumetrics.readsResourceSlices" . | empty | not) "drivers" .Values.podAttribution.dra.drivers) -}}
 {{- end -}}
 {{- $config := dict
   "server" $server
@@ -226,6 +232,10 @@ capabilities:
 - {name: sidecar-config, mountPath: /etc/gpumetrics, readOnly: true}
 {{- if .Values.podAttribution.enabled }}
 - {name: pod-resources, mountPath: {{ .Values.podAttribution.socketDir }}, readOnly: true}
+{{- end }}
+{{- if include "gpumetrics.readsResourceSlices" . }}
+# the service account token, for the one API call the sidecar makes (list resourceslices)
+- {name: kube-api-access, mountPath: /var/run/secrets/kubernetes.io/serviceaccount, readOnly: true}
 {{- end }}
 {{- if include "gpumetrics.hostProc" . }}
 - {name: host-proc, mountPath: /host/proc, readOnly: true}
