@@ -93,7 +93,11 @@ def evaluate(base_url: str, expr: str) -> tuple[str | None, list[dict[str, Any]]
         with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 (loopback)
             body = json.loads(response.read())
     except urllib.error.HTTPError as err:
-        body = json.loads(err.read() or b"{}")
+        raw = err.read()
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:  # e.g. 503 "Service Unavailable" while Prometheus starts
+            return f"Prometheus answered HTTP {err.code}: {raw[:200]!r}", []
     except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
         return f"Prometheus did not answer: {err}", []
     if body.get("status") != "success":

@@ -129,7 +129,12 @@ def test_grpcurl_lists_and_pulls_with_the_same_json_names_with_and_without_proto
                 method,
             )
         )
-        assert set(reflected) == set(from_proto), (reflected.keys(), from_proto.keys())
+        # proto3 JSON leaves out a false bool: `more` is there only when the answer was cut,
+        # which depends on what the store held at each pull (a batch may land in between)
+        assert set(reflected) - {"more"} == set(from_proto) - {"more"}, (
+            reflected.keys(),
+            from_proto.keys(),
+        )
         assert {"exportMetricsServiceRequest", "lastSequence", "dataPoints"} <= set(reflected)
         assert not any("_" in key for key in reflected), reflected.keys()
 
