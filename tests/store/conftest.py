@@ -5,6 +5,7 @@ protocol, limits, splitting and accounting."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -120,6 +121,32 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
         yield target
     finally:
         subprocess.run(["umount", str(target)], check=True, timeout=30)
+
+
+@pytest.fixture
+def unwritable_dir(tmp_path: Path) -> Iterator[Path]:
+    """An empty directory this process cannot create files in.
+
+    Mode 0555 for an ordinary user; root ignores modes, so for root the directory is made
+    immutable (``chattr +i``, ext4/xfs/btrfs), which root cannot write either. Skipped, saying
+    why, where neither works.
+    """
+    target = tmp_path / "unwritable"
+    target.mkdir()
+    if os.geteuid() != 0:
+        target.chmod(0o555)
+        try:
+            yield target
+        finally:
+            target.chmod(0o755)
+        return
+    done = subprocess.run(["chattr", "+i", str(target)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"root ignores file modes, and chattr +i fails here: {done.stderr.strip()}")
+    try:
+        yield target
+    finally:
+        subprocess.run(["chattr", "-i", str(target)], check=True)
 
 
 def journal(

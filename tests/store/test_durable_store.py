@@ -430,6 +430,23 @@ def test_a_read_only_filesystem_leaves_the_store_in_memory(
     assert store.pull("c").data_points == 3  # serving from memory
 
 
+@pytest.mark.parametrize("below", [False, True], ids=["the directory", "a directory below it"])
+def test_a_path_that_cannot_be_written_leaves_the_store_in_memory(
+    signal: Signal, clock: Clock, unwritable_dir: Path, below: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    target = unwritable_dir / "store" if below else unwritable_dir
+    telemetry = Telemetry()
+    with caplog.at_level(logging.WARNING, "gpumetrics.store"):
+        store = durable(target, signal, clock, telemetry=telemetry)
+    assert store.durable_state == "failed"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "cannot be created or written" in warnings[0], warnings
+    assert telemetry.value("gpumetrics.store.durable", {"state": "failed"}) == 1
+    store.append(build_request(2, "x", signal))
+    assert store.pull("c").data_points == 2
+
+
 def test_memory_only_reports_disabled(signal: Signal, clock: Clock) -> None:
     telemetry = Telemetry()
     store = BatchStore(LIMITS, clock=clock, signal=signal, telemetry=telemetry)

@@ -167,7 +167,7 @@ class BatchStore:
         self._forgotten_delivered: OrderedDict[str, int] = OrderedDict()
         self._acked_hw = 0  # highest sequence any consumer has acknowledged (not via a drop)
         self._durability = Durability(journal, telemetry, signal.name, clock, retry_s)
-        loaded = self._durability.open()
+        loaded = self._durability.open(self.epoch)
         if loaded is not None:
             with self._lock:
                 self._restore(loaded)
@@ -568,8 +568,9 @@ class BatchStore:
                 d.recover(list(self._batches), self._state().encode())
             return
         first = self._batches[0].seq if self._batches else self._last_seq + 1
-        if not d.write(added, first, lambda: self._state().encode()):
-            self.epoch = secrets.token_hex(8)
+        epoch = d.write(added, first, lambda: self._state().encode())
+        if epoch is not None:
+            self.epoch = epoch
 
     def _restore(self, loaded: Loaded) -> None:
         """Resume the state and batches of an existing file (see the module docstring)."""
@@ -595,7 +596,8 @@ class BatchStore:
             self._reset()
             path = self._durability.path or ""
             self._durability.corrupt(
-                exc if isinstance(exc, JournalError) else JournalError("corrupt", path, str(exc))
+                exc if isinstance(exc, JournalError) else JournalError("corrupt", path, str(exc)),
+                self.epoch,
             )
             return
         self._release()

@@ -29,6 +29,7 @@ other two: ``ok`` (on disk), ``failed`` (memory only after a fault), ``disabled`
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Sequence
 
@@ -104,8 +105,10 @@ class Durability:
         """The file, or None without one."""
         return None if self._journal is None else self._journal.path
 
-    def open(self) -> Loaded | None:
+    def open(self, epoch: str) -> Loaded | None:
         """Open the file; return what it holds (None: nothing, or memory only now).
+
+        ``epoch`` is the store's epoch if nothing is loaded (named in the log line).
 
         Raises:
             StoreRefusedError: the file is another node's, signal's or format's.
@@ -121,53 +124,60 @@ class Durability:
             loaded = journal.open()
         except JournalError as exc:
             if exc.kind != "corrupt":
-                self._fail(exc, opening=True)
+                self._fail(exc, "open", epoch)
                 return None
-            self._start_afresh(journal, exc)
+            self._start_afresh(journal, exc, epoch)
         self._publish()
         return loaded
 
-    def _start_afresh(self, journal: SqliteJournal, exc: JournalError) -> None:
+    def _start_afresh(self, journal: SqliteJournal, exc: JournalError, epoch: str) -> None:
         try:
             self.moved_aside = journal.move_aside()
             journal.open()
         except JournalError as again:
-            self._fail(again, opening=True)
+            self._fail(again, "open", epoch)
             return
         log.warning(
             "store.path: %s is corrupt (%s); moved aside to %s, and a fresh %s store begins "
-            "(new epoch): what the old file held is not served",
+            "(new epoch %s): what the old file held is not served",
             exc.path,
             exc.detail,
             self.moved_aside,
             self._signal,
+            epoch,
         )
 
-    def corrupt(self, exc: JournalError) -> None:
-        """Move the file aside and start afresh: a batch could not be read back while loading."""
+    def corrupt(self, exc: JournalError, epoch: str) -> None:
+        """Move the file aside and start afresh: a batch could not be read back while loading.
+
+        ``epoch`` is the fresh store's (named in the log line).
+        """
         if self._journal is not None:
-            self._start_afresh(self._journal, exc)
+            self._start_afresh(self._journal, exc, epoch)
             self._publish()
 
-    def write(self, added: Sequence[Batch], first_held: int, state: Callable[[], str]) -> bool:
+    def write(
+        self, added: Sequence[Batch], first_held: int, state: Callable[[], str]
+    ) -> str | None:
         """Commit a change (see :meth:`SqliteJournal.write`); skip one that changes nothing.
 
-        ``state`` is called only when the store is on disk. Returns False when this write
-        failed: the store is in memory only from now on and must change its epoch.
+        ``state`` is called only when the store is on disk. Returns None, or, when this write
+        failed, the new epoch the store must continue under (in memory only from now on).
         """
         journal = self._journal
         if journal is None or self._state != "ok" or self._closed:
-            return True
+            return None
         doc = state()
         if not added and first_held == self._first and doc == self._doc:
-            return True
+            return None
         try:
             journal.write(added, first_held, doc, self._clock())
         except JournalError as exc:
-            self._fail(exc, opening=False)
-            return False
+            epoch = secrets.token_hex(8)
+            self._fail(exc, "write", epoch)
+            return epoch
         self._first, self._doc = first_held, doc
-        return True
+        return None
 
     def retry_due(self) -> bool:
         """Return True when a failed store should try to write its content again now."""
@@ -207,7 +217,7 @@ class Durability:
         if self._journal is not None:
             self._journal.close()
 
-    def _fail(self, exc: JournalError, opening: bool) -> None:
+    def _fail(self, exc: JournalError, doing: str, epoch: str) -> None:
         self._state = "failed"
         self.reason = f"{_WHY.get(exc.kind, exc.kind)}: {exc.detail}"
         self._retry_at = self._clock() + self._retry_s
@@ -217,14 +227,15 @@ class Durability:
         self._warned = True
         log.log(
             level,
-            "store.path: cannot %s %s: %s. The %s store serves from memory only%s: what it "
-            "holds is lost if the sidecar stops (retried every %g s; "
+            "store.path: cannot %s %s: %s. The %s store serves from memory only, %s %s: what "
+            "it holds is lost if the sidecar stops (retried every %g s; "
             'gpumetrics.store.durable{state="failed"})',
-            "open" if opening else "write",
+            doing,
             exc.path,
             self.reason,
             self._signal,
-            "" if opening else ", under a new epoch",
+            "epoch" if doing == "open" else "under a new epoch",
+            epoch,
             self._retry_s,
         )
         self._publish()
