@@ -90,9 +90,11 @@ def max_declaration(pid: int) -> ppb.ProcessDeclaration:
     )
 
 
-def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp, figures):
+@pytest.mark.parametrize("durable", [False, True], ids=["memory", "store.path"])
+def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp, figures, durable):
+    store = [str(short_tmp / "store")] if durable else []
     child = subprocess.Popen(
-        [sys.executable, str(HERE / "memory_sidecar.py"), str(short_tmp), str(BACKLOG_MB)],
+        [sys.executable, str(HERE / "memory_sidecar.py"), str(short_tmp), str(BACKLOG_MB), *store],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -225,9 +227,10 @@ def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp,
         "rss_peak_mib": peak / MiB,
         "ceiling_mib": CEILING_MIB,
         **counts,
-        **stats,
+        **{k: v for k, v in stats.items() if k != "durable"},
     }.items():
-        figures.set("memory_ceiling", name, round(value, 1))
+        figures.set("memory_ceiling" + ("_durable" if durable else ""), name, round(value, 1))
+    assert stats["durable"] == ("ok" if durable else "disabled")
     assert served and served[0] > 0  # the well-behaved consumer got its answer
     assert counts["rejected"] > 0 and counts["declared"] > 0  # the byte budget was reached
     assert stats["declared_held_bytes"] <= stats["declared_max_bytes"]
