@@ -362,6 +362,14 @@ def test_sigkill_loop_loses_nothing_the_sidecar_stored(
                              diagnostics)  # fmt: skip
                 else:  # health SERVING in every run, disk full or not
                     wait_for(lambda: serving(address), START_TIMEOUT_S, what, diagnostics)
+                    poll()  # truth reads this run's first batch (each epoch is seen)
+                if variant == "disk_full" and n == 3:  # the first run on the full disk
+
+                    def reported() -> bool:
+                        poll()
+                        return (1, "failed") in sinks[METRICS].durable
+
+                    wait_for(reported, START_TIMEOUT_S, 'state="failed" in the sink', diagnostics)
                 began = time.monotonic()
             kill_at = began + (rng.uniform(0.0, 1.5) if early else rng.uniform(0.0, 3.0))
             while time.monotonic() < kill_at:  # the random moment: keep reading until then

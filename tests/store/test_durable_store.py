@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,23 @@ from .conftest import Clock, build_request, crash_copy, journal, same_state, tag
 LIMITS = StoreLimits(max_bytes=10_000, max_data_points=1_000, max_age_s=100, consumer_ttl_s=1000)
 
 
+_OPENED: list[BatchStore] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_stores() -> Iterator[None]:
+    """Every store a test opened is closed when it ends (its file, and the file's lock)."""
+    yield
+    while _OPENED:
+        _OPENED.pop().close()
+
+
 def durable(tmp_path: Path, signal: Signal, clock: Clock, **kwargs: Any) -> BatchStore:
     limits = kwargs.pop("limits", LIMITS)
     jr = kwargs.pop("journal", None) or journal(tmp_path, signal, clock=clock)
-    return BatchStore(limits, clock=clock, signal=signal, journal=jr, **kwargs)
+    store = BatchStore(limits, clock=clock, signal=signal, journal=jr, **kwargs)
+    _OPENED.append(store)
+    return store
 
 
 def restart(store_dir: Path, to: Path, signal: Signal, clock: Clock, **kwargs: Any) -> BatchStore:
