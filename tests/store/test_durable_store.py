@@ -297,6 +297,7 @@ def test_a_second_process_on_the_same_path_is_refused_the_file(
     assert second.durable_state == "failed" and first.durable_state == "ok"
     assert second.stats().held_batches == 0  # nothing of the other's file is mixed in
     assert "another process holds it" in caplog.text
+    second.append(build_request(1, "mine", signal))  # the gauges are set with each append
     assert telemetry.value("gpumetrics.store.durable", {"state": "failed"}) == 1
     first.append(build_request(1, "y", signal))
     assert rows(d, signal) == [1, 2]  # the first keeps its file
@@ -362,8 +363,8 @@ def test_a_corrupt_file_is_moved_aside_and_a_fresh_store_begins(
     assert moved in warnings[0].getMessage()
     assert fresh.durable_state == "ok" and fresh.epoch != old_epoch
     assert fresh.stats().held_batches == 0 and fresh.last_sequence == 0
-    assert telemetry.value("gpumetrics.store.durable", {"state": "ok"}) == 1
     fresh.append(build_request(1, "new", signal))
+    assert telemetry.value("gpumetrics.store.durable", {"state": "ok"}) == 1
     assert rows(d, signal) == [1]  # the fresh file is written
 
 
@@ -439,8 +440,8 @@ def test_a_read_only_filesystem_leaves_the_store_in_memory(
     assert store.durable_state == "failed"
     assert "read-only" in (store._durability.reason or "")
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
-    assert telemetry.value("gpumetrics.store.durable", {"state": "failed"}) == 1
     store.append(build_request(3, "x", signal))
+    assert telemetry.value("gpumetrics.store.durable", {"state": "failed"}) == 1
     assert store.pull("c").data_points == 3  # serving from memory
 
 
@@ -456,8 +457,8 @@ def test_a_path_that_cannot_be_written_leaves_the_store_in_memory(
     assert store.durable_state == "failed"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "cannot be created or written" in warnings[0], warnings
-    assert telemetry.value("gpumetrics.store.durable", {"state": "failed"}) == 1
     store.append(build_request(2, "x", signal))
+    assert telemetry.value("gpumetrics.store.durable", {"state": "failed"}) == 1
     assert store.pull("c").data_points == 2
 
 
@@ -465,5 +466,7 @@ def test_memory_only_reports_disabled(signal: Signal, clock: Clock) -> None:
     telemetry = Telemetry()
     store = BatchStore(LIMITS, clock=clock, signal=signal, telemetry=telemetry)
     assert store.durable_state == "disabled" and store.durable_path is None
+    assert telemetry.value("gpumetrics.store.durable", {"state": "disabled"}) is None
+    store.append(build_request(1, "x", signal))  # set with the store's other gauges
     assert telemetry.value("gpumetrics.store.durable", {"state": "disabled"}) == 1
     assert telemetry.value("gpumetrics.store.durable", {"state": "ok"}) == 0

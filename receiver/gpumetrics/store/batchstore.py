@@ -718,3 +718,4 @@ class BatchStore:
         t.set("gpumetrics.store.bytes", self._held_bytes)
         t.set("gpumetrics.store.points", self._held_points)
         t.set("gpumetrics.store.consumers", len(self._consumers))
+        self._durability.publish()

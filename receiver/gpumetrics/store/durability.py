@@ -21,9 +21,10 @@ depend on the disk:
   at worst. Every :data:`RETRY_S` seconds (with an append) the store tries to write its whole
   content to the file again; when that succeeds, it is durable again (logged at INFO).
 
-The state gauge ``gpumetrics.store.durable{state}`` is 1 for the current state and 0 for the
-other two: ``ok`` (on disk), ``failed`` (memory only after a fault), ``disabled`` (no
-``store.path``). Health is never changed: a store in memory serves as before.
+The state gauge ``gpumetrics.store.durable{state}`` (set with the store's other gauges, after
+each append, pull and expiry) is 1 for the current state and 0 for the other two: ``ok`` (on
+disk), ``failed`` (memory only after a fault), ``disabled`` (no ``store.path``). Health is never
+changed: a store in memory serves as before.
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ import time
 from collections.abc import Callable, Sequence
 
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
-from gpumetrics.store.journal import JournalError, Loaded, SqliteJournal, StoreRefusedError
+from gpumetrics.store.journal import (
+    JournalError,
+    Loaded,
+    SqliteJournal,
+    StorePathError,
+    StoreRefusedError,
+)
 from gpumetrics.store.records import Batch
 
 __all__ = ["DURABLE_STATES", "RETRY_S", "Durability"]
@@ -117,7 +124,6 @@ class Durability:
         """
         journal = self._journal
         if journal is None:
-            self._publish()
             return None
         loaded = None
         try:
@@ -127,7 +133,6 @@ class Durability:
                 self._fail(exc, "open", epoch)
                 return None
             self._start_afresh(journal, exc, epoch)
-        self._publish()
         return loaded
 
     def _start_afresh(self, journal: SqliteJournal, exc: JournalError, epoch: str) -> None:
@@ -154,7 +159,6 @@ class Durability:
         """
         if self._journal is not None:
             self._start_afresh(self._journal, exc, epoch)
-            self._publish()
 
     def write(
         self, added: Sequence[Batch], first_held: int, state: Callable[[], str]
@@ -196,7 +200,7 @@ class Durability:
         self._retry_at = self._clock() + self._retry_s
         try:
             journal.rewrite(batches, state, self._clock())
-        except (JournalError, StoreRefusedError) as exc:
+        except (JournalError, StoreRefusedError, StorePathError) as exc:
             log.debug("store.path: %s still cannot be written: %s", journal.path, exc)
             return False
         self._state, self.reason = "ok", None
@@ -208,7 +212,6 @@ class Durability:
             len(batches),
             self._signal,
         )
-        self._publish()
         return True
 
     def close(self) -> None:
@@ -238,8 +241,8 @@ class Durability:
             epoch,
             self._retry_s,
         )
-        self._publish()
 
-    def _publish(self) -> None:
+    def publish(self) -> None:
+        """Set ``gpumetrics.store.durable{state}`` (the store calls it with its other gauges)."""
         for s in DURABLE_STATES:
             self._telemetry.set("gpumetrics.store.durable", int(s == self._state), {"state": s})
