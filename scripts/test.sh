@@ -15,8 +15,13 @@
 #      manifests fresh, strict decode into the Kubernetes API types: scripts/check-kubernetes.sh);
 #   5. the end-to-end tests (pytest -m e2e): builds the otelcol-gpumetrics distribution with the
 #      Collector Builder (collector/scripts/build-otelcol.sh, cached by hash), then runs the real
-#      Collector against the real sidecar (docs/e2e.md).
-#   GPUMETRICS_SKIP_E2E=1   skip stage 5 (the first Collector build takes minutes)
+#      Collector against the real sidecar (docs/e2e.md);
+#   6. the live eBPF profiler (pytest -m live_profiler): builds the OpenTelemetry eBPF profiler
+#      at a pinned version (scripts/ebpf-profiler/build.sh, cached by hash) and joins its live
+#      profiles with the sidecar's GPU resources through the real Collector. Where it cannot
+#      load its eBPF programs (not root, no tracefs, the kernel refuses them) the stage is shown
+#      as skipped, with the reason, not as passed.
+#   GPUMETRICS_SKIP_E2E=1   skip stages 5 and 6 (the first Collector build takes minutes)
 # Every stage runs even when an earlier one failed; a summary line per stage and the total come
 # last, and the exit status is 1 when any stage failed.
 set -euo pipefail
@@ -28,7 +33,8 @@ if [ ! -x "${VENV:-.venv}/bin/python" ] || ! compgen -G "${XDG_CACHE_HOME:-$HOME
    for the oldest supported nvidia-ml-py) and buf (npm), Go modules for the receiver's tests, the
    relabel oracle (Prometheus) and the Kubernetes checks (client-go, k8s.io/api, Helm built with
    go install) from the Go module proxy and, for the end-to-end stage, the Collector Builder and
-   grpcurl, then builds otelcol-gpumetrics: several GB in ~/go and ~/.cache. Measured pieces on
+   grpcurl and the OpenTelemetry eBPF profiler's module, then builds otelcol-gpumetrics and the
+   profiler: several GB in ~/go and ~/.cache. Measured pieces on
    2 cores: Helm ~6 min, the Kubernetes modules ~2 min, the Collector build a few; expect 15-20
    minutes in all. Later runs download nothing and reuse the cached binaries.
    GPUMETRICS_SKIP_E2E=1 skips the Collector build and the end-to-end stage.
@@ -60,6 +66,7 @@ stage() {
   shift
   echo "== $name (at $((SECONDS - t0)) s)"
   local began=$SECONDS rc
+  : > "$SKIP_REASON_FILE"
   # Not `( ... ) || rc=$?`: bash ignores errexit inside a tested subshell, so a stage's failing
   # first command would not stop the stage.
   set +e
@@ -69,6 +76,9 @@ stage() {
   local took=$((SECONDS - began))
   if [ "$rc" -eq 0 ]; then
     SUMMARY+=("$(printf 'ok      %-42s %5d s' "$name" "$took")")
+  elif [ "$rc" -eq 77 ] && [ -s "$SKIP_REASON_FILE" ]; then
+    # 77: the stage's tests were skipped (automake's convention); not a pass, not a failure
+    SUMMARY+=("$(printf 'skipped %-42s %5d s  (%s)' "$name" "$took" "$(cat "$SKIP_REASON_FILE")")")
   else
     SUMMARY+=("$(printf 'FAILED  %-42s %5d s  (exit %d)' "$name" "$took" "$rc")")
     FAILED=$((FAILED + 1))
@@ -130,13 +140,28 @@ build_otelcol() {
 }
 
 OTELCOL_PATH_FILE=$(mktemp)
-trap 'rm -f "$OTELCOL_PATH_FILE"' EXIT
+SKIP_REASON_FILE=$(mktemp)
+LIVE_REPORT=$(mktemp)
+trap 'rm -f "$OTELCOL_PATH_FILE" "$SKIP_REASON_FILE" "$LIVE_REPORT"' EXIT
 
-e2e() {
+use_otelcol() {
   OTELCOL_GPUMETRICS=$(cat "$OTELCOL_PATH_FILE")
   [ -n "$OTELCOL_GPUMETRICS" ] || { echo "no Collector binary: the build stage failed"; return 1; }
   export OTELCOL_GPUMETRICS
-  run_pytest -m e2e
+}
+
+e2e() {
+  use_otelcol
+  run_pytest -m "e2e and not live_profiler"
+}
+
+# The test builds the profiler itself (scripts/ebpf-profiler/build.sh, cached) once it knows the
+# machine can load it, so a machine that cannot skips without the build. Its measured latencies
+# and any skip reason come from the JUnit report (scripts/junit_outcome.py).
+live_profiler() {
+  use_otelcol
+  run_pytest -m live_profiler -o junit_family=legacy --junitxml="$LIVE_REPORT"
+  python scripts/junit_outcome.py "$LIVE_REPORT" "$SKIP_REASON_FILE"
 }
 
 stage "generated code is fresh" ./scripts/check-generated.sh
@@ -151,9 +176,11 @@ stage "kubernetes (helm lint, manifests fresh, strict decode)" ./scripts/check-k
 if [ -n "${GPUMETRICS_SKIP_E2E:-}" ]; then
   skip "build otelcol-gpumetrics" "GPUMETRICS_SKIP_E2E is set"
   skip "end-to-end tests" "GPUMETRICS_SKIP_E2E is set"
+  skip "live eBPF profiler (end-to-end)" "GPUMETRICS_SKIP_E2E is set"
 else
   stage "build otelcol-gpumetrics" build_otelcol
   stage "end-to-end tests" e2e
+  stage "live eBPF profiler (end-to-end)" live_profiler
 fi
 
 echo

@@ -89,7 +89,10 @@ class Served:
         listen: str | None = None,
     ) -> None:
         self.address = listen or f"unix:{tmp_path}/gpumetrics.sock"
+        self.profiler_address = f"unix:{tmp_path}/profiler.sock"  # never the machine's default
         argv = [str(GPUMETRICS), "serve", "--simulate", str(simulate), "--listen", self.address]
+        if "--profiler-listen" not in args and "profiler_listen" not in (config or ""):
+            argv += ["--profiler-listen", self.profiler_address]
         argv += ["--log-format", "json", "--batch-interval", "1", *args]
         if config is not None:
             path = tmp_path / "gpumetrics.yaml"

@@ -254,11 +254,23 @@ def test_local_targets_never_go_through_an_http_proxy():
     [
         (("--timeout", "0"), "--timeout 0: must be more than 0 seconds"),
         (("--wait", "-1"), "--wait -1: must be 0 or more seconds"),
+        # issue 23 item 6: float() reads both; a deadline of either is none
+        (("--timeout", "nan"), "--timeout nan: must be a finite number of seconds"),
+        (("--timeout", "inf"), "--timeout inf: must be a finite number of seconds"),
+        (("--wait", "inf"), "--wait inf: must be a finite number of seconds"),
+        (("--wait", "nan"), "--wait nan: must be a finite number of seconds"),
     ],
 )
 def test_times_must_make_sense(capsys, argv, message):
     code, _, err = run(capsys, "pull", "127.0.0.1:1", *argv)
     assert code == 2 and err == f"gpumetrics: {message}\n"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_declare_timeout_must_be_finite(capsys, value):
+    code, _, err = run(capsys, "declare", "127.0.0.1:1", "--pid", "1", "--timeout", value)
+    assert code == 2
+    assert err == f"gpumetrics: --timeout {value}: must be a finite number of seconds\n"
 
 
 def test_text_format_shows_each_points_time(make_sidecar, capsys):

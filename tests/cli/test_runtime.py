@@ -257,7 +257,7 @@ def test_one_startup_summary_line_when_ready(tmp_path, caplog):
     assert lines == [
         "ready: config /etc/gpumetrics/gpumetrics.yaml; "
         f"listen {addresses.listen[0]} [pull: token]; "
-        f"profiler_listen unix://{profiler} [declare: token]; "
+        f"profiler_listen unix://{profiler} [declare: token, peer credentials]; "
         f"health_listen {addresses.health_listen[0]} [health: no token]; "
         "TLS off; relabel rules 2; NVML real, driver 550.54.15, 2 GPUs"
     ]

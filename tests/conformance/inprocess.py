@@ -52,6 +52,7 @@ class InProcessSidecar:
         data = copy.deepcopy(self._raw)
         server = dict(data.get("server") or {})
         server["listen"] = [f"unix:{self._tmp}/life-{self._lives}.sock"]
+        server["profiler_listen"] = []  # every service on the one socket (peer credentials: root)
         data["server"] = server
         self.config = config = SidecarConfig.model_validate(data)
         telemetry = Telemetry()

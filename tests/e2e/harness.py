@@ -87,12 +87,21 @@ def gpumetrics_command() -> Path:
     return script
 
 
+def profiler_address(address: str) -> str:
+    """The profiler socket the tests give the sidecar whose pull socket is ``address``
+    (``unix:/d/gm.sock`` -> ``unix:/d/gm-profiler.sock``): its own unix socket, as by default,
+    never the machine's default path."""
+    assert address.startswith("unix:") and address.endswith(".sock"), address
+    return address.removesuffix(".sock") + "-profiler.sock"
+
+
 def sidecar_argv(
     scenario: Path, address: str, node_name: str, include_env_vars: Sequence[str] = ()
 ) -> list[str]:
-    """`gpumetrics serve` on the simulated ``scenario``, listening (pull and profiler service) on
-    ``address``, one batch a second, the host resource named ``node_name``, capturing the
-    environment variables ``include_env_vars`` as the profiler's ``-env-vars`` would."""
+    """`gpumetrics serve` on the simulated ``scenario``, listening (pull) on ``address`` and
+    (profiler service) on :func:`profiler_address`, one batch a second, the host resource named
+    ``node_name``, capturing the environment variables ``include_env_vars`` as the profiler's
+    ``-env-vars`` would."""
     return [
         str(gpumetrics_command()),
         "serve",
@@ -100,6 +109,8 @@ def sidecar_argv(
         str(scenario),
         "--listen",
         address,
+        "--profiler-listen",
+        profiler_address(address),
         "--batch-interval",
         "1",
         "--node-name",

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ def test_compose_services_run_as_plain_processes(
         "the default profile (.env: COMPOSE_PROFILES=simulated) must start the simulated sidecar"
     )
     mapping = HostMapping(volume_root, set(config["services"]))
+    token_writer = service_run(config, "otlp-token", mapping)
     sidecar = service_run(config, "gpumetrics", mapping)
     collector = service_run(config, "otelcol", mapping)
 
@@ -99,6 +100,22 @@ def test_compose_services_run_as_plain_processes(
         for job in scrape["scrape_configs"]
     }
     health_url = f"http://{mapping.rewrite_env(collector.env)['HEALTH_CHECK_ENDPOINT']}/"
+
+    # otelcol depends on otlp-token having written the OTLP receiver's token (and exited 0)
+    assert config["services"]["otelcol"]["depends_on"]["otlp-token"]["condition"] == (
+        "service_completed_successfully"
+    )
+    assert token_writer.argv[0] == "python", token_writer.argv
+    written = subprocess.run(
+        [sys.executable, *(mapping.rewrite(a) for a in token_writer.argv[1:])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert written.returncode == 0, written.stderr
+    token_file = Path(mapping.rewrite_env(collector.env)["OTLP_TOKEN_FILE"])
+    token = token_file.read_text().strip()
+    assert token.startswith("gpm-") and len(token) == 68 and token_file.stat().st_mode & 0o7 == 0
 
     with procs() as started:
         side = Proc(
@@ -160,6 +177,9 @@ def test_compose_services_run_as_plain_processes(
         assert series(own, "otelcol_receiver_accepted_metric_points"), "no Collector metrics"
         assert http_get(health_url) is not None, f"health_check at {health_url}"
 
+        otlp = mapping.rewrite_env(collector.env)["OTLP_GRPC_ENDPOINT"]
+        assert_profiles_need_the_token(otlp, token, exporter_text)
+
         assert col.stop(timeout_s=20) == 0, col.log_tail()
         assert side.stop(timeout_s=20) == 0, side.log_tail()
 
@@ -170,6 +190,68 @@ def test_compose_services_run_as_plain_processes(
     assert not deprecated, f"the Collector warned: {deprecated}"
 
     assert_dashboard_metrics_exist(config, exposition)
+
+
+def _profiles_of(pid: int, extra: dict[str, str]) -> Any:
+    """An ExportProfilesServiceRequest of one empty sample on ``pid``'s resource (what the
+    gpumetrics exporter declares; the OTLP receiver drops a request without samples). The
+    fields used (ResourceProfiles 1-2, ScopeProfiles.profiles 2, Profile.samples 2) are numbered
+    alike in the PyPI package's older profiles proto and the Collector's pdata v1.67."""
+    from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.profiles.v1development import profiles_pb2
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+    attrs = [KeyValue(key="process.pid", value=AnyValue(int_value=pid))]
+    attrs += [KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in extra.items()]
+    profile = profiles_pb2.Profile(samples=[profiles_pb2.Sample()])
+    return profiles_service_pb2.ExportProfilesServiceRequest(
+        resource_profiles=[
+            profiles_pb2.ResourceProfiles(
+                resource=Resource(attributes=attrs),
+                scope_profiles=[profiles_pb2.ScopeProfiles(profiles=[profile])],
+            )
+        ]
+    )
+
+
+def assert_profiles_need_the_token(
+    endpoint: str, token: str, exposition: Callable[[], str]
+) -> None:
+    """Issue 23 item 2: the shipped profiles pipeline's OTLP receiver refuses an export without
+    the bearer token (a forged identity for a victim's pid would reach the sidecar through the
+    exporter, which may declare), and the same export with the token is declared."""
+    import grpc
+    from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2_grpc
+
+    victim = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                              stdin=subprocess.PIPE)  # fmt: skip
+    honest = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                              stdin=subprocess.PIPE)  # fmt: skip
+    forged = _profiles_of(
+        victim.pid, {"host.name": "x", "container.id": "y", "k8s.pod.name": "victim-pod"}
+    )
+    try:
+        with grpc.insecure_channel(endpoint) as channel:
+            stub = profiles_service_pb2_grpc.ProfilesServiceStub(channel)
+            for metadata in [(), (("authorization", "Bearer gpm-not-the-token"),)]:
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.Export(forged, metadata=metadata, timeout=10)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value
+            good = (("authorization", f"Bearer {token}"),)
+            stub.Export(
+                _profiles_of(honest.pid, {"service.name": "e2e"}), metadata=good, timeout=10
+            )
+
+        def declared() -> str | None:
+            lines = series(exposition(), "gpumetrics_declarations")
+            return lines[0] if lines and float(lines[0].rsplit(" ", 1)[1]) >= 1 else None
+
+        line = wait_for(declared, TIMEOUT_S, "the sidecar to hold the authorized declaration")
+        assert float(line.rsplit(" ", 1)[1]) == 1, line  # only the authorized one
+    finally:
+        for child in (victim, honest):
+            child.communicate(b"", timeout=30)
 
 
 def assert_dashboard_metrics_exist(config: dict[str, Any], exposition: str) -> None:

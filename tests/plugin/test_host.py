@@ -37,6 +37,8 @@ def host_env(tmp_path, **extra):
             "PLUGIN_MIN_PORT": "10000",
             "PLUGIN_MAX_PORT": "25000",
             "PLUGIN_UNIX_SOCKET_DIR": str(tmp_path),
+            # the profiler service's socket: never the machine's default one
+            "GPUMETRICS_PROFILER_LISTEN": f"unix:{tmp_path / 'profiler.sock'}",
         }
     )
     env.update(extra)

@@ -111,7 +111,7 @@ def main() -> int:
     proc.sync(drv.live_processes())
     config = SidecarConfig.model_validate(
         {
-            "server": {"listen": [f"unix:{directory / 'gm.sock'}"]},
+            "server": {"listen": [f"unix:{directory / 'gm.sock'}"], "profiler_listen": []},
             "collection": {"pid_max": 4_194_304},
             "identity": {
                 "node_name": "memory-node",

@@ -81,7 +81,8 @@ def main() -> int:
     return_large_buffers_to_the_os()
     config = SidecarConfig.model_validate(
         {
-            "server": {"listen": [f"unix:{directory / 'gm.sock'}"]},
+            # every service on the one socket (its peer check trusts the test's own uid)
+            "server": {"listen": [f"unix:{directory / 'gm.sock'}"], "profiler_listen": []},
             "identity": {"node_name": "memory-node", "in_kubernetes": False},
             "store": {"path": store_path},
         }

@@ -85,7 +85,12 @@ class SoakNode:
         self.socket = str(tmp / "gm.sock")
         config = SidecarConfig.model_validate(
             {
-                "server": {"listen": [f"unix://{self.socket}"], "max_streams": 4},
+                # every service on the one socket (its peer check trusts the test's own uid)
+                "server": {
+                    "listen": [f"unix://{self.socket}"],
+                    "profiler_listen": [],
+                    "max_streams": 4,
+                },
                 "store": {
                     "max_bytes": STORE_MAX_BYTES,
                     "max_data_points": STORE_MAX_POINTS,

@@ -25,6 +25,8 @@ GPU = (("hw.id", "GPU-1"), ("hw.name", "gpu0"))
 class Rig:
     def __init__(self, logs_store: BatchStore | None, **settings: Any) -> None:
         settings.setdefault("listen", ["127.0.0.1:0"])
+        settings.setdefault("profiler_listen", [])  # never the machine's default socket
+        settings.setdefault("allow_unauthenticated_declare", True)
         self.telemetry = Telemetry()
         self.logs_store = logs_store
         self.health = SidecarHealth()

@@ -87,6 +87,9 @@ class Resourcer:
         attrs["process.pid"] = str(pid)  # a misbehaving resourcer cannot turn pid into a string
         return True
 
+    def schema_url(self, pid):
+        return f"https://example.com/schemas/{pid}" if pid % 2 else ""
+
 
 def test_resourcer_fills_resources_and_can_drop_processes():
     tel = Telemetry()
@@ -103,6 +106,30 @@ def test_resourcer_fills_resources_and_can_drop_processes():
         {"process.pid": 1, "service.name": "svc-1"}
     ]
     assert tel.value("gpumetrics.processes.dropped_by_relabel") == 1
+
+
+def test_each_process_resource_carries_its_resourcers_schema_url():
+    # issue 27: the declared resource's schema URL is the per-process ResourceMetrics' schema_url
+    # (the host resource has none; the GPU scope keeps the catalogue's)
+    p = Producer()
+    p.set_process_resourcer(Resourcer())
+    for pid in (1, 2, 3):
+        p.record_process(
+            pid, lambda b: b.add(names.MetricProcessUtilization, 0.5, T, GPU0.id_attributes())
+        )
+    record_power(p, GPU0, 300.0)
+    req = p.collect()
+    host, *procs = req.resource_metrics
+    assert host.schema_url == ""
+    assert host.scope_metrics[0].schema_url == "https://opentelemetry.io/schemas/1.44.0"
+    assert [(attrs_of(rm.resource)["process.pid"], rm.schema_url) for rm in procs] == [
+        (1, "https://example.com/schemas/1"),
+        (2, ""),
+        (3, "https://example.com/schemas/3"),
+    ]
+    assert all(
+        rm.scope_metrics[0].schema_url == "https://opentelemetry.io/schemas/1.44.0" for rm in procs
+    )
 
 
 def test_disabled_metrics_are_not_emitted():

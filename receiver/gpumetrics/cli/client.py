@@ -15,6 +15,7 @@ import argparse
 import datetime as _dt
 import ipaddress
 import json
+import math
 import os
 import sys
 import time
@@ -275,10 +276,16 @@ _MIN_ACK_S = 1.0
 
 
 def _check_times(args: argparse.Namespace) -> None:
+    # float() accepts nan and inf: a deadline of either is none (worded like the configuration's
+    # finite_number error, gpumetrics.settingsbase)
+    wait = getattr(args, "wait", 0.0)
+    for flag, value in (("--timeout", args.timeout), ("--wait", wait)):
+        if not math.isfinite(value):
+            raise CommandError(f"{flag} {value:g}: must be a finite number of seconds", 2)
     if not args.timeout > 0:
         raise CommandError(f"--timeout {args.timeout:g}: must be more than 0 seconds", 2)
-    if not getattr(args, "wait", 0.0) >= 0:
-        raise CommandError(f"--wait {args.wait:g}: must be 0 or more seconds", 2)
+    if not wait >= 0:
+        raise CommandError(f"--wait {wait:g}: must be 0 or more seconds", 2)
 
 
 _NOTHING_LISTENS = ("Connection refused", "No such file or directory")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import gpumetrics
+from gpumetrics.service.settings import default_profiler_socket
 
 __all__ = ["SERVE_FLAGS", "CommandParser", "build_parser", "parse_args", "serve_overrides"]
 
@@ -16,7 +17,8 @@ SERVE_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--listen", "server.listen", {"metavar": "ADDR", "action": "append",
      "help": "main listener, host:port or unix:/path (repeatable; default 127.0.0.1:4319)"}),
     ("--profiler-listen", "server.profiler_listen", {"metavar": "ADDR", "action": "append",
-     "help": "separate listener for the profiler service (repeatable)"}),
+     "help": "listener of the profiler service (repeatable; default "
+             "unix:///run/gpumetrics/profiler.sock as root, else under $XDG_RUNTIME_DIR)"}),
     ("--health-listen", "server.health_listen", {"metavar": "ADDR",
      "help": "plaintext listener for gRPC health only"}),
     ("--pull-token-file", "server.pull_token_file", {"metavar": "FILE",
@@ -124,13 +126,25 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
         out["push.insecure"] = ("--push-insecure", True)
     if getattr(args, "allow_insecure_listen", False):
         out["server.allow_insecure_listen"] = ("--allow-insecure-listen", True)
+    if getattr(args, "allow_unauthenticated_declare", False):
+        out["server.allow_unauthenticated_declare"] = ("--allow-unauthenticated-declare", True)
     return out
 
 
-def _client_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "address", metavar="ADDR", help="sidecar address: host:port, unix:/path or /path"
-    )
+def _client_flags(p: argparse.ArgumentParser, default_address: str | None = None) -> None:
+    if default_address is None:
+        p.add_argument(
+            "address", metavar="ADDR", help="sidecar address: host:port, unix:/path or /path"
+        )
+    else:
+        p.add_argument(
+            "address",
+            metavar="ADDR",
+            nargs="?",
+            default=default_address,
+            help=f"the sidecar's profiler listener: host:port, unix:/path or /path "
+            f"(default {default_address}, the sidecar's default for this user)",
+        )
     p.add_argument("--token-file", metavar="FILE", help="send the bearer token in FILE")
     p.add_argument("--tls", action="store_true", help="use TLS with the system roots")
     p.add_argument("--ca-file", metavar="FILE", help="use TLS, trusting these roots (PEM)")
@@ -182,6 +196,12 @@ def build_parser() -> CommandParser:
         help="allow a non-loopback TCP listener without TLS (trusted networks only)",
     )
     serve.add_argument(
+        "--allow-unauthenticated-declare",
+        action="store_true",
+        help="allow the profiler service on TCP without a declare token or mTLS "
+        "(anyone who can connect may declare; single-user hosts only)",
+    )
+    serve.add_argument(
         "--plugin",
         action="store_true",
         help="require go-plugin mode (fails unless started by the go-plugin host)",
@@ -229,7 +249,7 @@ def build_parser() -> CommandParser:
         help="declare one process's identity",
         description="Declare one process to the profiler-integration service.",
     )
-    _client_flags(declare)
+    _client_flags(declare, f"unix://{default_profiler_socket()}")
     declare.add_argument(
         "--pid",
         # the wire's bound (uint32); the sidecar rejects, and names, a pid above its pid_max

@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import os
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpumetrics.events.settings import EventSettings
 from gpumetrics.identity import limits as _declared
@@ -32,6 +32,7 @@ from gpumetrics.kubernetes.settings import KubernetesSettings
 from gpumetrics.nvml.settings import CollectionSettings
 from gpumetrics.service.push_settings import PushSettings
 from gpumetrics.service.settings import ServerSettings
+from gpumetrics.settingsbase import SettingsModel
 from gpumetrics.store import limits as _limits
 from gpumetrics.store.limits import StoreLimits
 
@@ -50,10 +51,8 @@ __all__ = [
     "default_config",
 ]
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
 
-
-class StoreSettings(BaseModel):
+class StoreSettings(SettingsModel):
     """Batch store bounds (``store``); defaults and sizing from :mod:`gpumetrics.store.limits`.
 
     Attributes:
@@ -73,8 +72,6 @@ class StoreSettings(BaseModel):
             None or ``""`` (default): memory only. Must be an absolute path.
 
     """
-
-    model_config = _STRICT
 
     max_bytes: int = Field(default=_limits.DEFAULT_MAX_BYTES, gt=0)
     max_data_points: int = Field(default=_limits.DEFAULT_MAX_DATA_POINTS, gt=0)
@@ -109,7 +106,7 @@ class StoreSettings(BaseModel):
         return StoreLimits(**self.model_dump(exclude={"max_collection_bytes", "path"}))
 
 
-class DeclaredLimits(BaseModel):
+class DeclaredLimits(SettingsModel):
     """Limits of the declared-process store (``identity.declared``; defaults: ``identity.limits``).
 
     Attributes:
@@ -122,8 +119,6 @@ class DeclaredLimits(BaseModel):
 
     """
 
-    model_config = _STRICT
-
     max_processes: int = Field(default=_declared.DEFAULT_MAX_PROCESSES, ge=1)
     max_process_context_bytes: int = Field(
         default=_declared.DEFAULT_MAX_PROCESS_CONTEXT_BYTES, ge=1
@@ -135,7 +130,7 @@ class DeclaredLimits(BaseModel):
     max_bytes: int = Field(default=_declared.DEFAULT_MAX_BYTES, ge=1)
 
 
-class ResourceLimitSettings(BaseModel):
+class ResourceLimitSettings(SettingsModel):
     """Limits of one per-process resource (``identity.resource_limits``).
 
     The semantics are the OpenTelemetry SDK's attribute limits
@@ -152,8 +147,6 @@ class ResourceLimitSettings(BaseModel):
 
     """
 
-    model_config = _STRICT
-
     attribute_value_length_limit: int = Field(
         default=_resource.DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT, ge=1
     )
@@ -166,7 +159,7 @@ class ResourceLimitSettings(BaseModel):
         return ResourceLimits(**self.model_dump(exclude={"cache_max_bytes"}))
 
 
-class IdentitySettings(BaseModel):
+class IdentitySettings(SettingsModel):
     """How per-process resources are built (``identity``).
 
     Attributes:
@@ -196,8 +189,6 @@ class IdentitySettings(BaseModel):
             encoded bytes) and of the resources cached.
 
     """
-
-    model_config = _STRICT
 
     mode: IdentityMode = IdentityMode.PROFILER
     include_env_vars: tuple[str, ...] = ()
@@ -233,7 +224,7 @@ class IdentitySettings(BaseModel):
         return value
 
 
-class RuntimeSettings(BaseModel):
+class RuntimeSettings(SettingsModel):
     """The sidecar runtime (``runtime``).
 
     Attributes:
@@ -249,8 +240,6 @@ class RuntimeSettings(BaseModel):
             request (GPU reset) does not count. Default 120; 0 = health never follows NVML.
 
     """
-
-    model_config = _STRICT
 
     batch_interval_s: float = Field(default=10.0, gt=0, le=3600)
     shutdown_timeout_s: float = Field(default=10.0, gt=0, le=600)
@@ -272,7 +261,7 @@ class PluginTransport(enum.StrEnum):
     TCP = "tcp"
 
 
-class PluginSettings(BaseModel):
+class PluginSettings(SettingsModel):
     """go-plugin mode (``plugin``); used only when the host's magic cookie is present.
 
     Attributes:
@@ -283,8 +272,6 @@ class PluginSettings(BaseModel):
         parent_check_interval_s: how often (s) the parent pid is checked.
 
     """
-
-    model_config = _STRICT
 
     transport: PluginTransport = PluginTransport.UNIX
     shutdown_timeout_s: float = Field(default=1.5, gt=0, lt=2.0)
@@ -299,7 +286,7 @@ class LogFormatSetting(enum.StrEnum):
     TEXT = "text"
 
 
-class LogSettings(BaseModel):
+class LogSettings(SettingsModel):
     """Logging (``log``): records go to stderr.
 
     Attributes:
@@ -307,8 +294,6 @@ class LogSettings(BaseModel):
         format: ``auto``, ``json`` (hclog-compatible) or ``text``.
 
     """
-
-    model_config = _STRICT
 
     level: str = "info"
     format: LogFormatSetting = LogFormatSetting.AUTO
@@ -322,10 +307,8 @@ class LogSettings(BaseModel):
         return value.lower()
 
 
-class SidecarConfig(BaseModel):
+class SidecarConfig(SettingsModel):
     """The whole sidecar configuration (see the module docstring for the sections)."""
-
-    model_config = _STRICT
 
     server: ServerSettings = Field(default_factory=lambda: ServerSettings())
     store: StoreSettings = Field(default_factory=lambda: StoreSettings())

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from gpumetrics.settingsbase import SettingsModel
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 """Where the kubelet serves its pod-resources API (Kubernetes documentation, "Monitoring device
@@ -29,7 +31,7 @@ class GPUIdType(enum.StrEnum):
     DEVICE_NAME = "device-name"
 
 
-class KubernetesSettings(BaseModel):
+class KubernetesSettings(SettingsModel):
     """GPU → pod attribution from the kubelet's pod-resources API (``kubernetes``).
 
     Attributes:
@@ -50,8 +52,6 @@ class KubernetesSettings(BaseModel):
             (``gpumetrics.kubernetes.device_ids{state=over_limit}``) and logged.
 
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     pod_attribution: bool | None = None
     pod_resources_socket: str = DEFAULT_SOCKET

@@ -38,7 +38,12 @@ T = TypeVar("T")
 
 
 class ProcessResourcer(Protocol):
-    """Builds the OTLP resource of one process (implemented by ``gpumetrics.identity``)."""
+    """Builds the OTLP resource of one process (implemented by ``gpumetrics.identity``).
+
+    A resourcer may also have ``schema_url(pid) -> str``, the schema URL of the resource it last
+    put for ``pid`` ("" for none; ``gpumetrics.identity``'s has): it becomes the per-process
+    ``ResourceMetrics.schema_url``.
+    """
 
     def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
         """Add the resource attributes of ``pid`` to ``attrs``.
@@ -208,6 +213,9 @@ class Producer:
             return 0
         attrs[names.AttrProcessPID] = pid  # always the int pid, whatever the resourcer did
         encode_attributes(rm.resource.attributes, attrs.items())
+        schema_url = getattr(resourcer, "schema_url", None)
+        if schema_url is not None:  # the declared resource's schema URL (docs/identity.md)
+            rm.schema_url = schema_url(pid)
         sm = self._new_scope_metrics(rm, self._scope)
         return self._encode_buffer(sm.metrics, buf, cache)
 

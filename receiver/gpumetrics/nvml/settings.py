@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpumetrics.metrics.spec import catalogue
+from gpumetrics.settingsbase import SettingsModel
 
 
-class CollectionSettings(BaseModel):
+class CollectionSettings(SettingsModel):
     """How and how often the collector reads NVML.
 
     Cadences (seconds, measured on the collector's monotonic clock):
@@ -66,8 +67,6 @@ class CollectionSettings(BaseModel):
       it are impossible and dropped.
     - ``proc_root`` (``/proc``): where ``pid_max`` is read.
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     interval_s: float = Field(default=1.0, gt=0, le=3600)
     pcie_interval_s: float = Field(default=10.0, ge=0, le=86400)

@@ -40,8 +40,10 @@ from gpumetrics.identity import (
     IdentityMode,
     ProcfsReader,
     check_profiler_mode_rules,
+    is_observed_key,
     load_relabel_configs,
     new_process_resourcer,
+    process_observer,
 )
 from gpumetrics.kubernetes import PodAttribution
 from gpumetrics.metrics import Producer
@@ -56,6 +58,7 @@ from gpumetrics.runtime.simulation import (
 from gpumetrics.runtime.summary import NvmlFacts, StartupSummary
 from gpumetrics.selftelemetry import SelfTelemetry, Telemetry, WithAttributes
 from gpumetrics.service import ListenError, ServerSettings, SidecarHealth, SidecarServer
+from gpumetrics.service.declarers import Observation
 from gpumetrics.service.errors import SettingError
 from gpumetrics.service.push import LOGS, METRICS, PushExporter, Signal
 from gpumetrics.store import (
@@ -282,7 +285,16 @@ class Sidecar:
                 self._opened.append(logs_store)
         try:
             server = SidecarServer(
-                server_settings, store, declared, health, telemetry, logs_store=logs_store
+                server_settings,
+                store,
+                declared,
+                health,
+                telemetry,
+                logs_store=logs_store,
+                proc_root=ident.proc_root,
+                observation=Observation(
+                    is_observed_key, process_observer(ident.proc_root, ident.host_pid_namespace)
+                ),
             )
         except SettingError as exc:
             raise ConfigError.setting(f"server.{exc.setting}", exc.reason) from None

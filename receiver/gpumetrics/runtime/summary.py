@@ -47,23 +47,30 @@ class NvmlFacts:
         return f"{kind}, {driver}, {gpus}"
 
 
-def _tokens(settings: ServerSettings, services: Sequence[str]) -> str:
+def _tokens(settings: ServerSettings, services: Sequence[str], address: str = "") -> str:
     needs = {"pull": settings.pull_token_file, "declare": settings.declare_token_file}
-    return ", ".join(
-        f"{s}: {'token' if needs.get(s) is not None else 'no token'}" for s in services
-    )
+    out = []
+    for s in services:
+        text = f"{s}: {'token' if needs.get(s) is not None else 'no token'}"
+        if s == "declare" and address.startswith("unix:"):
+            # who may declare what: the peer's SO_PEERCRED (gpumetrics.service.declarers)
+            text = "declare: token, peer credentials" if needs[s] else "declare: peer credentials"
+        out.append(text)
+    return ", ".join(out)
 
 
 def listener_lines(settings: ServerSettings, addresses: BoundAddresses) -> list[str]:
-    """One ``ADDRESS [service: token|no token, ...]`` entry per bound listener.
+    """One ``ADDRESS [service: token|no token|peer credentials, ...]`` entry per bound listener.
 
-    ``listen`` serves pull (and declare unless ``profiler_listen`` is set); ``profiler_listen``
-    serves declare; ``health_listen`` serves health only, never with a token.
+    ``listen`` serves pull (and declare when ``profiler_listen`` is empty); ``profiler_listen``
+    serves declare; ``health_listen`` serves health only, never with a token. Declare on a unix
+    socket checks the peer's credentials (``peer credentials``).
     """
     main = ["pull", "declare"] if settings.serves_profiler_on_listen else ["pull"]
-    out = [f"listen {a} [{_tokens(settings, main)}]" for a in addresses.listen]
+    out = [f"listen {a} [{_tokens(settings, main, a)}]" for a in addresses.listen]
     out += [
-        f"profiler_listen {a} [{_tokens(settings, ['declare'])}]" for a in addresses.profiler_listen
+        f"profiler_listen {a} [{_tokens(settings, ['declare'], a)}]"
+        for a in addresses.profiler_listen
     ]
     out += [f"health_listen {a} [health: no token]" for a in addresses.health_listen]
     return out

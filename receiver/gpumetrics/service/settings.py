@@ -6,8 +6,11 @@ is ``unix_socket_mode``). Security rules (``docs/security.md``):
 
 * a TCP listener that is not loopback needs TLS (``tls_cert_file`` + ``tls_key_file``), unless
   ``allow_insecure_listen`` says otherwise;
-* the profiler service on a non-loopback TCP listener also needs a way to tell who may declare
-  (``declare_token_file`` or mTLS via ``tls_client_ca_file``), unless ``allow_insecure_listen``;
+* the profiler service is on its own unix socket by default (``profiler_listen``:
+  :func:`default_profiler_socket`), where each caller's ``SO_PEERCRED`` says who may declare
+  what (``gpumetrics.service.declarers``); on any TCP listener, loopback included (every local
+  user can connect there), it needs a way to tell who may declare (``declare_token_file`` or
+  mTLS via ``tls_client_ca_file``), unless ``allow_unauthenticated_declare`` says otherwise;
 * ``health_listen`` is plaintext by design (the kubelet's gRPC probe cannot do TLS or tokens)
   and serves nothing but ``grpc.health.v1.Health``.
 
@@ -18,12 +21,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from gpumetrics.settingsbase import SettingsModel
 from gpumetrics.store.limits import DEFAULT_MAX_BATCH_BYTES
 
 DEFAULT_PULL_MAX_BYTES = DEFAULT_MAX_BATCH_BYTES
@@ -41,6 +46,46 @@ DEFAULT_MAX_ENTRIES = 4096
 
 DEFAULT_LISTEN = "127.0.0.1:4319"
 """Default pull listener: loopback only (4317/4318 are OTLP's; 4319 is next to them)."""
+
+SYSTEM_PROFILER_SOCKET = "/run/gpumetrics/profiler.sock"
+"""The profiler service's socket of a sidecar run as root: ``/run/<name>/``, where the field's
+root daemons put theirs (containerd ``/run/containerd/containerd.sock``, Docker
+``/run/docker.sock``, the kubelet's ``/var/lib/kubelet/pod-resources/kubelet.sock``)."""
+
+PROFILER_SOCKET_NAME = "profiler.sock"
+
+
+def default_profiler_socket(
+    euid: int | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """Return the default path of the profiler service's unix socket (``server.profiler_listen``).
+
+    As root: :data:`SYSTEM_PROFILER_SOCKET`. As another user, where rootless daemons put
+    theirs (rootless Docker and containerd, Podman: the XDG base directory specification's
+    ``$XDG_RUNTIME_DIR``): ``$XDG_RUNTIME_DIR/gpumetrics/profiler.sock``, or
+    ``/tmp/gpumetrics-<uid>/profiler.sock`` when ``XDG_RUNTIME_DIR`` is unset or not absolute.
+    The client (``gpumetrics declare`` without ``ADDR``) computes the same path.
+
+    >>> default_profiler_socket(0, {})
+    '/run/gpumetrics/profiler.sock'
+    >>> default_profiler_socket(1000, {"XDG_RUNTIME_DIR": "/run/user/1000"})
+    '/run/user/1000/gpumetrics/profiler.sock'
+    >>> default_profiler_socket(1000, {})
+    '/tmp/gpumetrics-1000/profiler.sock'
+    """
+    uid = os.geteuid() if euid is None else euid
+    env = os.environ if environ is None else environ
+    if uid == 0:
+        return SYSTEM_PROFILER_SOCKET
+    runtime_dir = env.get("XDG_RUNTIME_DIR", "")
+    if runtime_dir.startswith("/"):
+        return os.path.join(runtime_dir, "gpumetrics", PROFILER_SOCKET_NAME)
+    return os.path.join("/tmp", f"gpumetrics-{uid}", PROFILER_SOCKET_NAME)  # noqa: S108
+
+
+def _default_profiler_listen() -> list[str]:
+    return [f"unix://{default_profiler_socket()}"]
+
 
 MiB = 1024 * 1024
 ENVELOPE_BYTES = 64 * 1024
@@ -137,18 +182,24 @@ def parse_listen_address(text: str, field: str) -> ListenAddress:
     return ListenAddress(text, "tcp", host=host, port=int(port_text))
 
 
-class ServerSettings(BaseModel):
+class ServerSettings(SettingsModel):
     """Settings of :class:`~gpumetrics.service.SidecarServer` (all sizes in bytes, times in s).
 
     Attributes:
         listen: listeners of the pull service (and of the profiler service unless
             ``profiler_listen`` is set), health and reflection. May be empty when the caller adds
             its own listener (go-plugin mode).
-        profiler_listen: when not empty, the profiler service is served only here (e.g. a unix
-            socket only the profiler's user can reach), with health and reflection.
+        profiler_listen: the listeners of the profiler service (with health and reflection);
+            default: one unix socket, :func:`default_profiler_socket`, whose directory is made
+            if missing. Empty: the profiler service is served on ``listen``.
         health_listen: optional plaintext listener serving only ``grpc.health.v1.Health``.
-        allow_insecure_listen: allow non-loopback TCP without TLS (and the profiler without a
-            declare token or mTLS). Only for networks you trust.
+        allow_insecure_listen: allow non-loopback TCP without TLS. Only for networks you trust.
+        allow_unauthenticated_declare: allow the profiler service on a TCP listener without a
+            declare token or mTLS: whoever can connect (on loopback: every local user) may then
+            declare any process's identity. Only for a single-user host you trust.
+        trusted_declarer_uids, trusted_declarer_gids: unix-socket peers (by ``SO_PEERCRED``)
+            that may declare any process, besides root and the sidecar's own user; a gid is a
+            number or a group name. Other peers may declare only their own processes.
         unix_socket_mode: file mode of every unix socket, set right after bind (the socket is
             created under umask 0177 so it is never wider in between); an int, or an octal
             string (``"0660"``, ``"0o660"``).
@@ -182,12 +233,13 @@ class ServerSettings(BaseModel):
 
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     listen: list[str] = Field(default_factory=lambda: [DEFAULT_LISTEN])
-    profiler_listen: list[str] = Field(default_factory=list)
+    profiler_listen: list[str] = Field(default_factory=_default_profiler_listen)
     health_listen: str | None = None
     allow_insecure_listen: bool = False
+    allow_unauthenticated_declare: bool = False
+    trusted_declarer_uids: list[int] = Field(default_factory=list)
+    trusted_declarer_gids: list[int | str] = Field(default_factory=list)
     unix_socket_mode: int = Field(default=0o600, ge=0, le=0o777)
     unix_socket_group: str | None = None
     tls_cert_file: Path | None = None
@@ -213,6 +265,24 @@ class ServerSettings(BaseModel):
         name = getattr(info, "field_name", "listen")
         for i, text in enumerate(value):
             parse_listen_address(text, f"{name}[{i}]")
+        return value
+
+    @field_validator("trusted_declarer_uids")
+    @classmethod
+    def _uids(cls, value: list[int]) -> list[int]:
+        for i, uid in enumerate(value):
+            if not 0 <= uid <= 0xFFFFFFFE:
+                raise ValueError(f"'trusted_declarer_uids[{i}]': {uid} is not a uid")
+        return value
+
+    @field_validator("trusted_declarer_gids")
+    @classmethod
+    def _gids(cls, value: list[int | str]) -> list[int | str]:
+        for i, gid in enumerate(value):
+            if isinstance(gid, int) and not 0 <= gid <= 0xFFFFFFFE:
+                raise ValueError(f"'trusted_declarer_gids[{i}]': {gid} is not a gid")
+            if isinstance(gid, str) and not gid.strip():
+                raise ValueError(f"'trusted_declarer_gids[{i}]': a group name or number")
         return value
 
     @field_validator("unix_socket_mode", mode="before")
@@ -318,25 +388,35 @@ class ServerSettings(BaseModel):
         """True when the profiler service shares the ``listen`` listeners."""
         return not self.profiler_listen
 
+    @property
+    def declare_authenticated(self) -> bool:
+        """True when TCP callers of the profiler service must prove who they are (token/mTLS)."""
+        return self.declare_token_file is not None or self.tls_client_ca_file is not None
+
     def check_listener(self, addr: ListenAddress, field: str) -> None:
         """Apply the security rules to one listener of ``listen`` or ``profiler_listen``.
 
         Raises:
-            ValueError: ``'<field>': ...`` naming what is missing.
+            ValueError: ``'<field>': ...`` naming what is missing and the settings that fix it.
 
         """
-        if addr.loopback or self.allow_insecure_listen:
-            return
-        if not self.tls:
+        if addr.kind == "unix":
+            return  # its file mode says who may connect; SO_PEERCRED who may declare what
+        if not addr.loopback and not self.tls and not self.allow_insecure_listen:
             raise ValueError(
                 f"'{field}': {addr.text} is not loopback; serve TLS (server.tls_cert_file and "
                 "server.tls_key_file: --tls-cert-file/--tls-key-file), or, on a trusted network, "
                 "set server.allow_insecure_listen (--allow-insecure-listen)"
             )
         profiler_here = field.startswith("profiler_listen") or self.serves_profiler_on_listen
-        if profiler_here and self.declare_token_file is None and self.tls_client_ca_file is None:
+        if profiler_here and not self.declare_authenticated:
+            if self.allow_unauthenticated_declare:
+                return
+            who = "every local user" if addr.loopback else "anyone who can connect"
             raise ValueError(
-                f"'{field}': the profiler service on non-loopback {addr.text} would let anyone "
-                "declare process identities; set declare_token_file or tls_client_ca_file, "
-                "or serve it on profiler_listen (e.g. a unix socket)"
+                f"'{field}': the profiler service on TCP {addr.text} would let {who} declare "
+                "any process's identity; serve it on a unix socket (server.profiler_listen, "
+                "the default), set server.declare_token_file (--declare-token-file) or "
+                "server.tls_client_ca_file (mTLS), or, on a single-user host you trust, set "
+                "server.allow_unauthenticated_declare (--allow-unauthenticated-declare)"
             )

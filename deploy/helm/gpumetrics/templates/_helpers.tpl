@@ -117,6 +117,12 @@ capabilities:
 {{/* gpumetrics.yaml, the sidecar's configuration (docs/configuration.md). */}}
 {{- define "gpumetrics.sidecarConfig" -}}
 {{- $server := dict "health_listen" (printf "0.0.0.0:%d" (int .Values.sidecar.healthPort)) -}}
+{{/* The profiler service on its own unix socket in a pod volume (not the default, which
+     depends on the sidecar's uid and may be on the read-only root filesystem): the run volume
+     shared by the two containers, or in subprocess mode the Collector container's private /tmp.
+     A caller's SO_PEERCRED decides what it may declare (docs/security.md). */}}
+{{- $profilerSocket := ternary "unix:///tmp/profiler.sock" "unix:///run/gpumetrics/profiler.sock" (eq .Values.topology "subprocess") -}}
+{{- $_ := set $server "profiler_listen" (list $profilerSocket) -}}
 {{- if eq .Values.topology "sidecar" -}}
 {{- $_ := set $server "listen" (list "unix:///run/gpumetrics/gpumetrics.sock") -}}
 {{- $_ := set $server "unix_socket_mode" "0660" -}}
