@@ -34,7 +34,8 @@ def test_the_sample_file_loads_and_equals_the_defaults():
 def test_defaults_validate_and_agree_with_the_packages_that_own_them():
     cfg = default_config()
     assert cfg.store.limits() == StoreLimits()
-    budget = {"max_collection_bytes"}  # the producer's budget, not a limit the store holds
+    # the producer's budget and the store's directory: not limits the store holds
+    budget = {"max_collection_bytes", "path"}
     assert {f.name for f in dataclasses.fields(StoreLimits)} == set(
         StoreSettings.model_fields
     ) - budget

@@ -1,6 +1,6 @@
 """A sidecar in its own process, with the default limits and a backlog, for the memory ceiling.
 
-``python tests/reliability/memory_sidecar.py DIR BACKLOG_MB``
+``python tests/reliability/memory_sidecar.py DIR BACKLOG_MB [STORE_PATH]``
 
 Builds :class:`gpumetrics.runtime.Sidecar` as ``serve`` does (default configuration: every
 limit at its default; the default listeners, moved into ``DIR``: the pull service on
@@ -11,7 +11,8 @@ calls), with a collector that records nothing, so only what clients do moves its
 Before serving it stores ``BACKLOG_MB`` of batches shaped like the store's sizing node (64
 processes with typical resources, gauges sampled every second), as a Collector that was away
 would find them. It prints ``READY`` and serves until its standard input closes, then prints one
-JSON line of its stores' figures and exits.
+JSON line of its stores' figures and exits. With ``STORE_PATH`` its stores are durable
+(``store.path``): the backlog is committed to disk as it is appended, every Pull commits.
 """
 
 from __future__ import annotations
@@ -90,11 +91,13 @@ def listeners(directory: Path) -> dict[str, list[str]]:
 
 def main() -> int:
     directory, backlog_mb = Path(sys.argv[1]), float(sys.argv[2])
+    store_path = sys.argv[3] if len(sys.argv) > 3 else None
     return_large_buffers_to_the_os()
     config = SidecarConfig.model_validate(
         {
             "server": listeners(directory),
             "identity": {"node_name": "memory-node", "in_kubernetes": False},
+            "store": {"path": store_path},
         }
     )
     sidecar = Sidecar(config, collector_factory=_Idle)
@@ -115,6 +118,7 @@ def main() -> int:
         "pull_budget_peak": parts.server.pull.budget.peak,
         "pull_budget_limit": parts.server.pull.budget.limit,
         "resyncs_in_progress": parts.declared.resyncs_in_progress,
+        "durable": parts.store.durable_state,
     }
     sidecar.request_stop("stdin closed")
     sidecar.shutdown(5.0)

@@ -114,9 +114,11 @@ def empty_environment(entries: int) -> bytes:
     return len_field(1, b"\x08\x01" + b"\x22\x00" * entries)  # processes[0]: pid 1, env (4)
 
 
-def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp, figures):
+@pytest.mark.parametrize("durable", [False, True], ids=["memory", "store.path"])
+def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp, figures, durable):
+    store = [str(short_tmp / "store")] if durable else []
     child = subprocess.Popen(
-        [sys.executable, str(HERE / "memory_sidecar.py"), str(short_tmp), str(BACKLOG_MB)],
+        [sys.executable, str(HERE / "memory_sidecar.py"), str(short_tmp), str(BACKLOG_MB), *store],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -298,9 +300,10 @@ def test_all_memory_attacks_at_once_stay_under_the_documented_ceiling(short_tmp,
         "rss_peak_mib": peak / MiB,
         "ceiling_mib": CEILING_MIB,
         **counts,
-        **stats,
+        **{k: v for k, v in stats.items() if k != "durable"},
     }.items():
-        figures.set("memory_ceiling", name, round(value, 1))
+        figures.set("memory_ceiling" + ("_durable" if durable else ""), name, round(value, 1))
+    assert stats["durable"] == ("ok" if durable else "disabled")
     assert served and served[0] > 0  # the well-behaved consumer got its answer
     assert counts["flood_calls"] == FLOOD_CALLERS * FLOOD_ROUNDS
     assert counts["rejected"] > 0 and counts["declared"] > 0  # the byte budget was reached

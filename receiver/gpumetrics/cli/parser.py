@@ -42,6 +42,8 @@ SERVE_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
      "type": lambda text: [n.strip() for n in text.split(",") if n.strip()],
      "help": "comma-separated variables reported as process.environment_variable.<NAME> "
              "(the profiler's -env-vars)"}),
+    ("--store-path", "store.path", {"metavar": "DIR",
+     "help": "keep unacknowledged batches and cursors on disk here (default: memory only)"}),
     ("--batch-interval", "runtime.batch_interval_s", {"metavar": "SECONDS", "type": float,
      "help": "seconds between store batches (default 10)"}),
     ("--collection-interval", "collection.interval_s", {"metavar": "SECONDS", "type": float,

@@ -137,6 +137,11 @@ GPUMETRICS_STORE_MAX_DATA_POINTS = "GPUMETRICS_STORE_MAX_DATA_POINTS"
 GPUMETRICS_STORE_MAX_AGE_S = "GPUMETRICS_STORE_MAX_AGE_S"
 """``store.max_age_s``: oldest batch kept, in seconds. Default: ``900``. Example: ``300``."""
 
+GPUMETRICS_STORE_PATH = "GPUMETRICS_STORE_PATH"
+"""``store.path``: directory of the durable store (SQLite files of the batches, GPU events and
+cursors not yet acknowledged, kept across restarts). Default: none (memory only).
+Example: ``/var/lib/gpumetrics``."""
+
 GPUMETRICS_EVENTS_ENABLED = "GPUMETRICS_EVENTS_ENABLED"
 """``events.enabled``: listen for NVML events (Xid, ECC...) and serve them as OTLP logs
 (``true``/``false``). Default: ``true``. Example: ``false``."""
@@ -240,6 +245,7 @@ ENV_BINDINGS: tuple[EnvBinding, ...] = (
     EnvBinding(GPUMETRICS_STORE_MAX_BYTES, "store.max_bytes"),
     EnvBinding(GPUMETRICS_STORE_MAX_DATA_POINTS, "store.max_data_points"),
     EnvBinding(GPUMETRICS_STORE_MAX_AGE_S, "store.max_age_s"),
+    EnvBinding(GPUMETRICS_STORE_PATH, "store.path"),
     EnvBinding(GPUMETRICS_EVENTS_ENABLED, "events.enabled"),
     EnvBinding(GPUMETRICS_EVENTS_TYPES, "events.types", EnvKind.LIST),
     EnvBinding(GPUMETRICS_EVENTS_STORM_BURST, "events.storm_burst"),

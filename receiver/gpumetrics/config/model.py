@@ -19,6 +19,7 @@ defaults out (a test checks the example equals :func:`default_config`).
 from __future__ import annotations
 
 import enum
+import os
 
 from pydantic import Field, field_validator, model_validator
 
@@ -64,6 +65,11 @@ class StoreSettings(SettingsModel):
             16 MiB: the budget of the batch under construction. The host resource is always
             kept; a process whose resource does not fit what is left is left out, its points
             counted as drop reason ``max_collection_bytes``.
+        path: directory of the durable store (``metrics.sqlite``, ``logs.sqlite``: SQLite in WAL
+            mode, :mod:`gpumetrics.store.journal`); created (mode 0700) if missing. Batches, GPU
+            event records and every consumer's cursor are written there before they are
+            served, so a restarted sidecar resumes its epoch and loses nothing unacknowledged.
+            None or ``""`` (default): memory only. Must be an absolute path.
 
     """
 
@@ -73,10 +79,31 @@ class StoreSettings(SettingsModel):
     consumer_ttl_s: float = Field(default=_limits.DEFAULT_CONSUMER_TTL_S, gt=0)
     max_consumers: int = Field(default=_limits.DEFAULT_MAX_CONSUMERS, gt=0)
     max_collection_bytes: int = Field(default=_limits.DEFAULT_MAX_COLLECTION_BYTES, gt=0)
+    path: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _store_path(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if "\0" in value:
+            raise ValueError("must not contain a NUL character")
+        if value != value.strip():
+            raise ValueError(f"must not begin or end with white space, got {value!r}")
+        if not value.startswith("/"):
+            raise ValueError(
+                f"must be an absolute path (a directory for the durable store), got {value!r}"
+            )
+        normal = os.path.normpath(value)
+        if normal in ("/", "/proc", "/sys", "/dev") or normal.startswith(("/proc/", "/sys/")):
+            raise ValueError(
+                f"{value!r} cannot hold the durable store; use e.g. /var/lib/gpumetrics"
+            )
+        return normal
 
     def limits(self) -> StoreLimits:
         """Return the :class:`~gpumetrics.store.StoreLimits` these settings describe."""
-        return StoreLimits(**self.model_dump(exclude={"max_collection_bytes"}))
+        return StoreLimits(**self.model_dump(exclude={"max_collection_bytes", "path"}))
 
 
 class DeclaredLimits(SettingsModel):

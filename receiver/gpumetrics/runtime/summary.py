@@ -7,6 +7,8 @@ Example::
     ready: config none; listen 127.0.0.1:4319 [pull: no token, declare: no token];
     TLS off; relabel rules 0; NVML simulated (h100-8x-training), driver 550.54.15, 8 GPUs
 
+With ``store.path`` set it ends with the durable store's state, e.g.
+``; store /var/lib/gpumetrics (metrics ok, logs ok)`` (``failed``: serving from memory only).
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class StartupSummary:
         tls: ``off``, ``on`` or ``on (mTLS)`` for the TCP listeners (health excepted).
         relabel_rules: relabel rules loaded from ``identity.relabel_config``.
         nvml: the NVML facts.
+        store: ``PATH (metrics STATE, logs STATE)`` of the durable store; None in memory only.
 
     """
 
@@ -92,6 +95,7 @@ class StartupSummary:
     tls: str
     relabel_rules: int
     nvml: NvmlFacts
+    store: str | None = None
 
     @classmethod
     def build(
@@ -101,16 +105,19 @@ class StartupSummary:
         config_file: str | None,
         relabel_rules: int,
         nvml: NvmlFacts,
+        store: str | None = None,
     ) -> StartupSummary:
         """Assemble the summary from the server settings and what was bound and read."""
         tls = "off"
         if settings.tls:
             tls = "on (mTLS)" if settings.tls_client_ca_file is not None else "on"
-        return cls(config_file, listener_lines(settings, addresses), tls, relabel_rules, nvml)
+        listeners = listener_lines(settings, addresses)
+        return cls(config_file, listeners, tls, relabel_rules, nvml, store)
 
     def message(self) -> str:
         """Return the line's text."""
+        store = f"; store {self.store}" if self.store is not None else ""
         return (
             f"ready: config {self.config_file or 'none'}; {'; '.join(self.listeners)}; "
-            f"TLS {self.tls}; relabel rules {self.relabel_rules}; NVML {self.nvml.text()}"
+            f"TLS {self.tls}; relabel rules {self.relabel_rules}; NVML {self.nvml.text()}{store}"
         )

@@ -34,6 +34,14 @@ Accounting is exact and exposed through :meth:`BatchStore.stats`:
 * each consumer: ``offered_points == acked_points + dropped_points_total + unacked_held_points``.
 
 "Points" are the signal's units: data points for metrics, log records for logs.
+
+With a journal (:mod:`gpumetrics.store.journal`, ``store.path``) the store is durable: every
+change is committed to the file before the lock is released, so before a pull can see a batch
+and before a pull's answer (its delivered sequence) leaves; an acknowledgement releases batches
+from the file in the transaction that records it. A store built on an existing file resumes its
+epoch, sequences, cursors, drop reports and counters (:mod:`gpumetrics.store.state`), so both
+identities above hold across a restart; the batches keep their age. What a disk fault means is
+:mod:`gpumetrics.store.durability`'s: the store then serves from memory, under a new epoch.
 """
 
 from __future__ import annotations
@@ -47,7 +55,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
+from gpumetrics.store.durability import RETRY_S, Durability
+from gpumetrics.store.journal import JournalError, Loaded, SqliteJournal
 from gpumetrics.store.limits import DEFAULT_MAX_BATCH_BYTES, StoreLimits
+from gpumetrics.store.records import Batch, Consumer
 from gpumetrics.store.results import (
     CONSUMER_NAME_RE,
     DEFAULT_CONSUMER,
@@ -60,6 +71,7 @@ from gpumetrics.store.results import (
 )
 from gpumetrics.store.signals import METRICS, Signal
 from gpumetrics.store.split import field_size, split_entry
+from gpumetrics.store.state import StoreState
 from gpumetrics.wire import varint
 
 log = logging.getLogger(__name__)
@@ -69,36 +81,6 @@ _Part = tuple[bytes, bytes, int]
 
 _ENTRY_TAG = b"\x0a"
 """Field 1, wire type LEN: the resource entries of every OTLP export request."""
-
-
-class _Batch:
-    __slots__ = ("seq", "data", "points", "t")
-
-    def __init__(self, seq: int, data: bytes, points: int, t: float) -> None:
-        self.seq, self.data, self.points, self.t = seq, data, points, t
-
-
-class _Consumer:
-    __slots__ = (
-        "name",
-        "base",
-        "acked",
-        "delivered",
-        "acked_points",
-        "dropped_total",
-        "pending_dropped",
-        "pending_reasons",
-        "last_seen",
-        "points_before_base",
-    )
-
-    def __init__(self, name: str, base: int, now: float, points_before_base: int) -> None:
-        self.name = name
-        self.base = self.acked = self.delivered = base
-        self.acked_points = self.dropped_total = self.pending_dropped = 0
-        self.pending_reasons: dict[str, None] = {}
-        self.last_seen = now
-        self.points_before_base = points_before_base
 
 
 def validate_consumer(name: str) -> str:
@@ -135,9 +117,18 @@ class BatchStore:
         signal: what the batches hold, :data:`~gpumetrics.store.signals.METRICS` (default) or
             :data:`~gpumetrics.store.signals.LOGS`; oversized data is parsed and split as
             that signal's request, and its units counted.
+        journal: the store's file (``store.path``); None (default) keeps it in memory only.
+            An existing file is loaded (``epoch`` is then ignored), a damaged one moved aside;
+            telemetry also receives ``gpumetrics.store.durable{state}``.
+        retry_s: seconds between attempts to write to the file again after a disk fault.
+
+    Raises:
+        StoreRefusedError: the journal's file belongs to another node, signal or format.
+        StorePathError: the journal's directory or file exists as something else.
 
     Thread-safe: one lock guards everything; a pull costs O(batches returned + consumers),
-    an acknowledgement O(batches acknowledged).
+    an acknowledgement O(batches acknowledged); with a journal each change also costs one
+    SQLite transaction (an fsync), made under the lock.
 
     """
 
@@ -149,6 +140,8 @@ class BatchStore:
         epoch: str | None = None,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         signal: Signal = METRICS,
+        journal: SqliteJournal | None = None,
+        retry_s: float = RETRY_S,
     ) -> None:
         if max_batch_bytes <= 0:
             raise ValueError(f"max_batch_bytes: must be > 0, got {max_batch_bytes}")
@@ -160,8 +153,8 @@ class BatchStore:
         self._telemetry = telemetry
         self._clock = clock
         self._lock = threading.Lock()
-        self._batches: deque[_Batch] = deque()
-        self._consumers: dict[str, _Consumer] = {}
+        self._batches: deque[Batch] = deque()
+        self._consumers: dict[str, Consumer] = {}
         self._last_seq = 0
         self._held_points = self._held_bytes = 0
         self._appended = [0, 0, 0]  # batches, points, bytes
@@ -173,6 +166,34 @@ class BatchStore:
         # still acknowledge what it was sent before; bounded, oldest forgotten first out
         self._forgotten_delivered: OrderedDict[str, int] = OrderedDict()
         self._acked_hw = 0  # highest sequence any consumer has acknowledged (not via a drop)
+        self._durability = Durability(journal, telemetry, signal.name, clock, retry_s)
+        loaded = self._durability.open(self.epoch)
+        if loaded is not None:
+            with self._lock:
+                self._restore(loaded)
+
+    @property
+    def durable_state(self) -> str:
+        """``ok`` (on disk), ``failed`` (memory only after a disk fault) or ``disabled``."""
+        return self._durability.state
+
+    @property
+    def durable_path(self) -> str | None:
+        """The store's file (None in memory only)."""
+        return self._durability.path
+
+    @property
+    def moved_aside(self) -> str | None:
+        """Where a corrupt file was moved when the store opened it (None: it was not)."""
+        return self._durability.moved_aside
+
+    def close(self) -> None:
+        """Close the store's file: its last state is on disk.
+
+        The store stays usable in memory, but what changes after this is no longer written.
+        """
+        with self._lock:
+            self._durability.close()
 
     @property
     def last_sequence(self) -> int:
@@ -324,6 +345,7 @@ class BatchStore:
             self._appended[0] += 1
             self._appended[1] += points
             self._drop_unsequenced(points, reason)
+            self._persist()
             self._publish()
 
     def _append(self, data: bytes, points: int) -> int:
@@ -332,15 +354,18 @@ class BatchStore:
             self._appended[0] += 1
             self._appended[1] += points
             self._appended[2] += len(data)
+            added: tuple[Batch, ...] = ()
             if len(data) > self.max_batch_bytes:
                 self._drop_unsequenced(points, "max_batch_bytes")
             else:
                 self._last_seq += 1
-                self._batches.append(_Batch(self._last_seq, data, points, now))
+                added = (Batch(self._last_seq, data, points, now),)
+                self._batches.append(added[0])
                 self._held_points += points
                 self._held_bytes += len(data)
             self._expire_consumers(now)
             self._enforce_limits(now)
+            self._persist(added, appending=True)  # on disk before a pull can see it
             self._publish()
             return self._last_seq
 
@@ -350,6 +375,7 @@ class BatchStore:
             now = self._clock()
             self._expire_consumers(now)
             self._enforce_limits(now)
+            self._persist()
             self._publish()
 
     def pull(
@@ -434,8 +460,10 @@ class BatchStore:
                     c.delivered = max(c.delivered, last)
             tail = last or position
             more = bool(self._batches) and self._batches[-1].seq > tail
+            self._persist()  # the delivered sequence is on disk before the answer leaves
             self._publish()
             total = c.dropped_total
+            epoch = self.epoch
             delivery = (
                 Delivery(name, before, c.delivered, dropped, reasons)
                 if c.delivered != before or dropped or reasons
@@ -443,7 +471,7 @@ class BatchStore:
             )
         return PullResult(
             parts=tuple(parts),
-            epoch=self.epoch,
+            epoch=epoch,
             first_sequence=first,
             last_sequence=last,
             more=more,
@@ -478,6 +506,7 @@ class BatchStore:
             c.pending_dropped += d.dropped_data_points
             for reason in d.drop_reasons:
                 c.pending_reasons[reason] = None
+            self._persist()
             return True
 
     def stats(self) -> StoreStats:
@@ -517,7 +546,86 @@ class BatchStore:
 
     # -- internals; every method below runs under self._lock ----------------------------------
 
-    def _register(self, name: str, now: float) -> _Consumer:
+    def _state(self) -> StoreState:
+        return StoreState(
+            epoch=self.epoch,
+            last_sequence=self._last_seq,
+            appended=list(self._appended),
+            released=list(self._released),
+            dropped_batches=self._dropped_batches,
+            dropped=dict(self._dropped),
+            forgotten=self._forgotten,
+            acked_hw=self._acked_hw,
+            consumers=list(self._consumers.values()),
+            forgotten_delivered=self._forgotten_delivered,
+        )
+
+    def _persist(self, added: tuple[Batch, ...] = (), appending: bool = False) -> None:
+        """Commit what changed to the journal; after a failed write, go on under a new epoch."""
+        d = self._durability
+        if d.state == "failed":
+            if appending and d.retry_due():
+                d.recover(list(self._batches), self._state().encode())
+            return
+        first = self._batches[0].seq if self._batches else self._last_seq + 1
+        epoch = d.write(added, first, lambda: self._state().encode())
+        if epoch is not None:
+            self.epoch = epoch
+
+    def _restore(self, loaded: Loaded) -> None:
+        """Resume the state and batches of an existing file (see the module docstring)."""
+        if not loaded.state:  # created, never written: a fresh store
+            return
+        now = self._clock()
+        try:
+            st = StoreState.decode(loaded.state, now)
+            self.epoch, self._last_seq = st.epoch, st.last_sequence
+            self._appended, self._released = list(st.appended), list(st.released)
+            self._dropped_batches, self._dropped = st.dropped_batches, dict(st.dropped)
+            self._forgotten, self._acked_hw = st.forgotten, st.acked_hw
+            self._consumers = {c.name: c for c in st.consumers}
+            self._forgotten_delivered = st.forgotten_delivered
+            for seq, data, points, age_s in loaded.rows():
+                if seq > self._last_seq:
+                    raise ValueError(f"batch {seq} is after the last sequence {self._last_seq}")
+                self._batches.append(Batch(seq, data, points, now - age_s))
+                self._held_points += points
+                self._held_bytes += len(data)
+                self._enforce_limits(now)  # limits lowered since: never more than one over
+        except (ValueError, JournalError) as exc:
+            self._reset()
+            path = self._durability.path or ""
+            self._durability.corrupt(
+                exc if isinstance(exc, JournalError) else JournalError("corrupt", path, str(exc)),
+                self.epoch,
+            )
+            return
+        self._release()
+        self._persist()
+        self._publish()
+        log.info(
+            "store.path: the %s store resumes from %s: epoch %s, last sequence %d, %d batch(es) "
+            "held, %d consumer(s)",
+            self.signal.name,
+            self._durability.path,
+            self.epoch,
+            self._last_seq,
+            len(self._batches),
+            len(self._consumers),
+        )
+
+    def _reset(self) -> None:
+        """Forget a half-restored state: a fresh, empty store with a new epoch."""
+        self.epoch = secrets.token_hex(8)
+        self._batches.clear()
+        self._consumers = {}
+        self._last_seq = self._held_points = self._held_bytes = 0
+        self._appended, self._released = [0, 0, 0], [0, 0]
+        self._dropped_batches, self._dropped = 0, dict.fromkeys(DROP_REASONS, 0)
+        self._forgotten = self._acked_hw = 0
+        self._forgotten_delivered = OrderedDict()
+
+    def _register(self, name: str, now: float) -> Consumer:
         if len(self._consumers) >= self.limits.max_consumers:
             raise TooManyConsumersError(
                 f"consumer: {name!r} would be consumer number {len(self._consumers) + 1}; "
@@ -525,14 +633,14 @@ class BatchStore:
                 f"idle ones are forgotten after {self.limits.consumer_ttl_s:g} s"
             )
         base = self._batches[0].seq - 1 if self._batches else self._last_seq
-        c = _Consumer(name, base, now, self._appended[1] - self._held_points)
+        c = Consumer(name, base, now, self._appended[1] - self._held_points)
         remembered = self._forgotten_delivered.pop(name, None)
         if remembered is not None:  # sent to it before it was forgotten: it may acknowledge it
             c.delivered = max(base, min(remembered, self._last_seq))
         self._consumers[name] = c
         return c
 
-    def _ack(self, c: _Consumer, upto: int) -> None:
+    def _ack(self, c: Consumer, upto: int) -> None:
         if upto <= c.acked:
             return
         if self._batches:
@@ -610,3 +718,4 @@ class BatchStore:
         t.set("gpumetrics.store.bytes", self._held_bytes)
         t.set("gpumetrics.store.points", self._held_points)
         t.set("gpumetrics.store.consumers", len(self._consumers))
+        self._durability.publish()

@@ -46,6 +46,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if not (has .Values.topology (list "sidecar" "subprocess")) -}}
 {{- fail (printf "topology: %q is neither sidecar nor subprocess" .Values.topology) -}}
 {{- end -}}
+{{- if not (has .Values.sidecar.store.type (list "hostPath" "emptyDir" "none")) -}}
+{{- fail (printf "sidecar.store.type: %q is none of hostPath, emptyDir, none" .Values.sidecar.store.type) -}}
+{{- end -}}
 {{- if not (has .Values.processMetrics.hostAccess (list "hostPID" "hostProc")) -}}
 {{- fail (printf "processMetrics.hostAccess: %q is neither hostPID nor hostProc" .Values.processMetrics.hostAccess) -}}
 {{- end -}}
@@ -81,6 +84,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- else if .Values.gateway.enabled -}}
 {{- printf "%s-gateway.%s.svc:%d" (include "gpumetrics.fullname" .) .Release.Namespace (int .Values.gateway.port) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The durable store (sidecar.store): where the container sees it, and the node's directory. */}}
+{{- define "gpumetrics.storeMount" -}}/var/lib/gpumetrics{{- end -}}
+
+{{- define "gpumetrics.storeHostPath" -}}
+{{- .Values.sidecar.store.hostPath | default (printf "/var/lib/gpumetrics/%s-%s" .Release.Namespace (include "gpumetrics.fullname" .)) -}}
+{{- end -}}
+
+{{- define "gpumetrics.store" -}}
+{{- if ne .Values.sidecar.store.type "none" -}}true{{- end -}}
 {{- end -}}
 
 {{/* The gpumetrics user and group of both images' conventions (compose uses the same). */}}
@@ -132,9 +146,13 @@ capabilities:
 {{- $_ := set $kubernetes "gpu_id_type" .Values.podAttribution.gpuIdType -}}
 {{- $_ := set $kubernetes "dra" (dict "resource_slices" (include "gpumetrics.readsResourceSlices" . | empty | not) "drivers" .Values.podAttribution.dra.drivers) -}}
 {{- end -}}
+{{- $store := dict "max_bytes" (int64 .Values.sidecar.storeMaxBytes) -}}
+{{- if include "gpumetrics.store" . -}}
+{{- $_ := set $store "path" (include "gpumetrics.storeMount" .) -}}
+{{- end -}}
 {{- $config := dict
   "server" $server
-  "store" (dict "max_bytes" (int64 .Values.sidecar.storeMaxBytes))
+  "store" $store
   "collection" (dict "interval_s" .Values.sidecar.collectionIntervalSeconds "process_metrics" .Values.processMetrics.enabled)
   "identity" $identity
   "kubernetes" $kubernetes
@@ -230,6 +248,9 @@ capabilities:
 {{/* Mounts of the container that runs the sidecar. */}}
 {{- define "gpumetrics.sidecarMounts" -}}
 - {name: sidecar-config, mountPath: /etc/gpumetrics, readOnly: true}
+{{- if include "gpumetrics.store" . }}
+- {name: store, mountPath: {{ include "gpumetrics.storeMount" . }}}
+{{- end }}
 {{- if .Values.podAttribution.enabled }}
 - {name: pod-resources, mountPath: {{ .Values.podAttribution.socketDir }}, readOnly: true}
 {{- end }}
