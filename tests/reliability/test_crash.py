@@ -239,6 +239,7 @@ def _first_collection(
     turns SERVING only after the first batch that follows a complete cycle is stored, so once the
     caller saw SERVING such a batch is held (or was already acknowledged by the load's
     consumer, which then holds later ones): this reads forward with ``read_after_sequence``
+    (with the epoch it read, without which the sidecar ignores the position, docs/protocol.md)
     and never acknowledges, so it releases nothing the load's consumer has not seen.
     """
     after, epoch = 0, ""
@@ -247,7 +248,10 @@ def _first_collection(
         for _ in range(1000):
             r = stub.Pull(
                 pull_pb2.PullRequest(
-                    consumer="inspector", max_data_points=1, read_after_sequence=after
+                    consumer="inspector",
+                    max_data_points=1,
+                    ack_epoch=epoch,
+                    read_after_sequence=after,
                 ),
                 timeout=30,
             )
