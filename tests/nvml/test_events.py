@@ -521,3 +521,31 @@ def test_the_sidecar_recovers_from_a_driver_reload(nvml_run, helpers):
     assert energy[-1].value < energy[0].value  # restarted with the module: a new series
     assert energy[-1].start > energy[0].start
     assert run.col.stop(5.0) and run.drv.violations == []
+
+
+def test_a_lost_gpu_is_not_registered_again_on_the_record_it_was_lost_on(nvml_run, helpers, caplog):
+    """After a reset, the lost GPU's old handle answers INVALID_ARGUMENT (F11). A listener
+    refresh that still holds the record the GPU was lost on (the collector has not yet read the
+    new handle: a race a loaded machine loses) registered that stale handle and logged a WARNING
+    for what is expected; the lost record now waits for the collector's new one."""
+    data = yaml.safe_load(sim.field_case_path("F11_gpu_lost_and_back").read_text())
+    for dev in data["devices"]:
+        dev["supported_events"] = ["xid"]
+    lost_uuid = data["devices"][1]["uuid"]
+    run = nvml_run(data, helpers.settings(device_backoff_initial_s=2.0, device_backoff_max_s=2.0))
+    sink = attach(run)
+    start(run, gpus=len(data["devices"]))
+    run.cycle(3)  # cycles 2-4: the GPU falls off the bus at 4
+    (lost,) = sink.wait_seen(1)
+    run.cycle(3)  # cycles 5-7; the driver is now at cycle 8: back after a reset, not yet read
+    ev, devices = run.col.events, list(run.col._devices)
+    assert ev is not None and any(d.uuid == lost_uuid and d.health.failed for d in devices)
+    caplog.clear()  # the loss's one WARNING: test_one_lost_gpu_logs_one_warning's
+    with caplog.at_level(logging.DEBUG, logger="gpumetrics"):
+        ev.sync(devices[::-1], run.col._generation)  # a changed signature: a refresh, same records
+        assert ev.wait_registered(3, DEADLINE_S)
+    assert lost.type == "gpu_lost"
+    assert run.errors("nvmlDeviceRegisterEvents", "INVALID_ARGUMENT") == 0
+    assert _warnings(caplog) == []
+    run.cycle()  # cycle 8: the collector reads the new handle; its events resume
+    assert ev.wait_registered(4, DEADLINE_S)
