@@ -36,8 +36,8 @@ def test_a_hang_in_the_tick_that_recovers_a_gpu_is_caught_by_the_call_deadline()
     settings = CollectionSettings(
         pid_max=2**22,
         pcie_interval_s=0,
-        call_timeout_s=0.2,
-        cycle_timeout_s=1.0,
+        call_timeout_s=1.0,  # under the cycle deadline; past any ordinary call, loaded
+        cycle_timeout_s=3.0,
         device_backoff_initial_s=1,
         device_backoff_max_s=1,
     )
