@@ -1,11 +1,20 @@
-"""The :class:`Producer`: per-resource buffers drained into OTLP on each ``produce``.
+"""The :class:`Producer`: a batch of columns, encoded into OTLP in bulk on each ``collect``.
 
-Collectors record points into the host buffer (device metrics) or into one buffer per process
-(per-process metrics). ``produce`` moves everything recorded since the previous call into OTLP:
-one ``Metric`` per name per scope (never two same-named metrics, as polarsignals/gpu-metrics-agent's
-``Produce`` in ``nvidia.go`` emits one per device), and one
-``ResourceMetrics`` per process that recorded a point since the previous call, so a process that
-stopped using the GPU gets no point in the next ``produce``.
+Collectors commit what a device's tick read (:meth:`Producer.commit`: device points as
+per-metric columns, per-process points as :class:`~gpumetrics.metrics.columns.ProcessBlock`
+tables) or, through the seed's API, record points into a :class:`MetricBuffer`
+(``record_host`` / ``record_process``). Either way the producer holds one
+:class:`~gpumetrics.metrics.columns.ResourceColumns` for the host and one per process until the
+next ``collect``, which writes them as one ``ExportMetricsServiceRequest``
+(:mod:`gpumetrics.metrics.bulk`): one ``Metric`` per name per scope (never two same-named
+metrics, as polarsignals/gpu-metrics-agent's ``Produce`` in ``nvidia.go`` emits one per
+device), and one ``ResourceMetrics`` per process that recorded a point since the previous
+call, so a process that stopped using the GPU gets no point in the next ``collect``.
+
+What never changes between batches is serialized once: metric headers, point attribute
+entries, the host resource and scopes, and each process's resource, cached by the resourcer's
+answer (its attributes, compared whole), not by the pid alone, so a process whose identity
+changes (a declaration arrives, a relabel rule changes) gets a new resource at once.
 """
 
 from __future__ import annotations
@@ -17,16 +26,26 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from gpumetrics.metrics import names
+from gpumetrics.metrics import bulk, names
 from gpumetrics.metrics.attribution import DeviceAttribution
 from gpumetrics.metrics.buffer import MetricBuffer, point_rules
-from gpumetrics.metrics.encode import AttributeCache, encode_attributes, encode_metric
+from gpumetrics.metrics.columns import (
+    MetricColumns,
+    Points,
+    ProcessColumns,
+    ResourceColumns,
+    check,
+)
 from gpumetrics.metrics.spec import MetricSpec, Scope, catalogue
+from gpumetrics.wire import len_field
 
 if TYPE_CHECKING:  # selftelemetry builds on this package; importing it here would be circular
     from gpumetrics.selftelemetry import SelfTelemetry
 
 T = TypeVar("T")
+
+HEADS_MAX = 16_384
+"""Distinct point attribute tuples whose serialized heads are kept between batches."""
 
 
 class ProcessResourcer(Protocol):
@@ -48,8 +67,27 @@ class Renderer(Protocol):
         """Append metrics; return the number of data points written."""
 
 
+class _Batch:
+    """What was recorded since the last ``collect``."""
+
+    __slots__ = ("host", "processes", "host_buffer", "process_buffers")
+
+    def __init__(self) -> None:
+        self.host = ResourceColumns()
+        self.processes: dict[str, ProcessColumns] = {}
+        self.host_buffer: MetricBuffer | None = None
+        self.process_buffers: dict[int, MetricBuffer] = {}
+
+    def process_columns(self, spec: MetricSpec) -> ProcessColumns:
+        """Return the batch's per-process columns of ``spec``'s metric, created on first use."""
+        pc = self.processes.get(spec.name)
+        if pc is None:
+            pc = self.processes[spec.name] = ProcessColumns(spec)
+        return pc
+
+
 class Producer:
-    """Per-resource metric buffers and their conversion to OTLP.
+    """The batch being built, as columns, and its conversion to OTLP.
 
     Args:
         specs: metric specs by name (default: the catalogue's GPU metrics).
@@ -57,12 +95,15 @@ class Producer:
             with schema URL semconv 1.44.0).
         host_attributes: attributes of the host resource (e.g. ``host.name``, ``k8s.node.name``).
         disabled_metrics: metric names recorded but never emitted (configuration).
-        telemetry: where dropped processes are counted (None: not counted).
+        telemetry: where dropped processes and refused points are counted (None: not counted).
         self_telemetry: rendered under scope ``gpumetrics.self`` on the host resource by
             :meth:`collect`, or None.
 
-    ``record_host``/``record_process`` run their callback under the producer's lock: callbacks only
-    append points (no NVML calls, no I/O).
+    ``commit`` and ``record_host``/``record_process`` run under the producer's lock; callbacks
+    only append points (no NVML calls, no I/O).
+
+    Raises:
+        ValueError: ``disabled_metrics`` names a metric not in ``specs``.
 
     """
 
@@ -88,17 +129,29 @@ class Producer:
         self._self_telemetry = self_telemetry
         self._lock = threading.Lock()
         self._rules = point_rules(self._specs)
-        self._host = MetricBuffer(self._specs, self._rules)
-        self._processes: dict[int, MetricBuffer] = {}
+        self._batch = _Batch()
         self._resourcer: ProcessResourcer | None = None
         self._attribution: DeviceAttribution | None = None
+        # encoding state kept between batches (guarded by _encode_lock)
+        self._encode_lock = threading.Lock()
+        self._metric_heads = bulk.MetricHeads()
+        self._point_heads = (bulk.PointHeads(False), bulk.PointHeads(True))
+        self._resources: dict[int, tuple[tuple[tuple[str, Any], ...], bytes]] = {}
+        self._host_resource: bytes | None = None
+        self._scope_parts = bulk.scope_bytes(self._scope)
+        self._self_scope_parts = bulk.scope_bytes(self._self_scope)
 
     def enabled(self, name: str) -> bool:
         """Tell whether metric ``name`` is in the catalogue and not disabled by configuration."""
         return name in self._specs and name not in self._disabled
 
+    @property
+    def specs(self) -> Mapping[str, MetricSpec]:
+        """The metric specs this producer holds points of (name → spec)."""
+        return self._specs
+
     def set_process_resourcer(self, resourcer: ProcessResourcer | None) -> None:
-        """Use ``resourcer`` for process resources from the next ``produce`` (None: pid only)."""
+        """Use ``resourcer`` for process resources from the next ``collect`` (None: pid only)."""
         with self._lock:
             self._resourcer = resourcer
 
@@ -115,13 +168,55 @@ class Producer:
         """The :class:`~gpumetrics.metrics.attribution.DeviceAttribution` in use, or None."""
         return self._attribution
 
-    def record_host(self, fn: Callable[[MetricBuffer], T]) -> T:
-        """Run ``fn(host_buffer)`` under the lock and return its result."""
+    # -- recording ------------------------------------------------------------------------------
+
+    def commit(self, points: Points) -> tuple[int, int]:
+        """Add one device tick's points to the batch; return ``(added, refused)``.
+
+        Each column and block is checked as a whole (``columns.check``'s rules, the rules of
+        ``MetricBuffer.add``); points that break one are left out and counted in ``refused``,
+        together with those their reader could not add (``Points.refused``). Per-process rows
+        go to their process's resource; a pid that is not positive is refused.
+        """
+        refused = points.refused
+        added = 0
         with self._lock:
-            return fn(self._host)
+            host = self._batch.host
+            for name, mc in points.host.items():
+                if name not in self._specs:
+                    refused += len(mc)
+                    continue
+                refused += check(mc)
+                dst = host.get(name)
+                if dst is None:
+                    host[name] = mc  # the tick's columns become the batch's
+                else:
+                    dst.extend(mc)
+                added += len(mc)
+            for block in points.blocks:
+                if block.spec.name not in self._specs:
+                    refused += len(block)
+                    continue
+                bad = block.refused()
+                if bad:
+                    refused += len(bad)
+                    block = block.without(bad)
+                added += self._batch.process_columns(block.spec).add_block(block)
+        return added, refused
+
+    def record_host(self, fn: Callable[[MetricBuffer], T]) -> T:
+        """Run ``fn(host_buffer)`` under the lock and return its result (the seed's API).
+
+        The buffer's points join the host resource's columns at the next ``collect``.
+        """
+        with self._lock:
+            buf = self._batch.host_buffer
+            if buf is None:
+                buf = self._batch.host_buffer = MetricBuffer(self._specs, self._rules)
+            return fn(buf)
 
     def record_process(self, pid: int, fn: Callable[[MetricBuffer], T]) -> T:
-        """Run ``fn(buffer_of_pid)`` under the lock and return its result.
+        """Run ``fn(buffer_of_pid)`` under the lock and return its result (the seed's API).
 
         Raises:
             ValueError: ``pid`` is not a positive int.
@@ -130,33 +225,86 @@ class Producer:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise ValueError(f"pid: must be a positive int, got {pid!r}")
         with self._lock:
-            buf = self._processes.get(pid)
+            buf = self._batch.process_buffers.get(pid)
             if buf is None:
-                buf = self._processes[pid] = MetricBuffer(self._specs, self._rules)
+                buf = self._batch.process_buffers[pid] = MetricBuffer(self._specs, self._rules)
             return fn(buf)
 
-    def _drain(self) -> tuple[MetricBuffer, dict[int, MetricBuffer], ProcessResourcer | None]:
+    # -- draining -------------------------------------------------------------------------------
+
+    def _drain(self) -> tuple[_Batch, ProcessResourcer | None]:
         with self._lock:
-            host, procs = self._host, self._processes
-            self._host, self._processes = MetricBuffer(self._specs, self._rules), {}
-            return host, procs, self._resourcer
+            batch, self._batch = self._batch, _Batch()
+            return batch, self._resourcer
 
-    def _encode_buffer(self, target: Any, buf: MetricBuffer, cache: AttributeCache) -> int:
-        n = 0
-        for spec, points in buf.items():
-            if spec.name not in self._disabled:
-                n += encode_metric(target.add(), spec, points, cache)
-        return n
+    def _fold_buffers(self, batch: _Batch) -> None:
+        """Move the seed-API buffers' points into the batch's columns, checked."""
+        refused = 0
+        if batch.host_buffer is not None:
+            refused += _fold(batch.host_buffer, batch.host)
+        touched = set()
+        for pid, buf in batch.process_buffers.items():
+            for spec, pts in buf.items():
+                pc = batch.process_columns(spec)
+                touched.add(spec.name)
+                for p in pts:
+                    v, t, a, st = p.value, p.time_unix_nano, p.attributes, p.start_time_unix_nano
+                    if not pc.add(pid, v, t, a, st):
+                        refused += 1
+        for name in touched:
+            refused += batch.processes[name].check()
+        if refused and self._telemetry is not None:
+            self._telemetry.add("gpumetrics.values.dropped", refused, {"reason": "invalid_point"})
 
-    def _new_scope_metrics(self, rm: metrics_pb2.ResourceMetrics, scope: Scope) -> Any:
-        sm = rm.scope_metrics.add()
-        sm.scope.name = scope.name
-        if scope.schema_url:
-            sm.schema_url = scope.schema_url
-        return sm
+    def _encode_metrics(self, rc: ResourceColumns) -> list[bytes]:
+        disabled = self._disabled
+        return [
+            bulk.encode_columns(mc, self._metric_heads, self._point_heads)
+            for name, mc in rc.items()
+            if len(mc) and name not in disabled
+        ]
+
+    def _encode(
+        self, batch: _Batch, resourcer: ProcessResourcer | None
+    ) -> tuple[list[bytes], list[bytes], int]:
+        """Return ``(host GPU metrics, process ResourceMetrics, points)``, each serialized."""
+        self._fold_buffers(batch)
+        for heads in self._point_heads:
+            if len(heads) > HEADS_MAX:
+                heads.clear()
+        disabled = self._disabled
+        host = self._encode_metrics(batch.host)
+        n = sum(len(mc) for name, mc in batch.host.items() if name not in disabled)
+        by_pid = bulk.encode_process_metrics(
+            (pc for name, pc in batch.processes.items() if name not in disabled),
+            self._metric_heads,
+            self._point_heads,
+        )
+        head, tail = self._scope_parts
+        resources = []
+        cached = self._resources
+        kept: dict[int, tuple[tuple[tuple[str, Any], ...], bytes]] = {}
+        for pid in sorted(by_pid):
+            attrs: dict[str, Any] = {names.AttrProcessPID: pid}
+            if resourcer is not None and not resourcer.put_resource(pid, attrs):
+                if self._telemetry is not None:
+                    self._telemetry.add("gpumetrics.processes.dropped_by_relabel")
+                continue
+            attrs[names.AttrProcessPID] = pid  # always the int pid, whatever the resourcer did
+            key = tuple(attrs.items())
+            hit = cached.get(pid)
+            if hit is None or hit[0] != key:  # what the resourcer says about pid changed
+                hit = (key, bulk.resource_bytes(key))
+            kept[pid] = hit
+            metrics = by_pid[pid]
+            body = bulk.scope_metrics(head, [m for m, _ in metrics], tail)
+            resources.append(hit[1] + len_field(2, body))
+            n += sum(c for _, c in metrics)
+        self._resources = kept  # a process without points this batch: its resource is forgotten
+        return host, resources, n
 
     def produce(self, host_metrics: Any, resources: Any) -> int:
-        """Drain everything recorded since the last call into OTLP.
+        """Drain everything recorded since the last call into OTLP messages (the seed's API).
 
         Args:
             host_metrics: the repeated ``Metric`` field of the host resource's GPU-metrics
@@ -168,44 +316,64 @@ class Producer:
             The number of data points written.
 
         """
-        host, procs, resourcer = self._drain()
-        cache: AttributeCache = {}  # a GPU's attribute tuples repeat across metrics and processes
-        n = self._encode_buffer(host_metrics, host, cache)
-        for pid in sorted(procs):
-            buf = procs[pid]
-            attrs: dict[str, Any] = {names.AttrProcessPID: pid}
-            if resourcer is not None and not resourcer.put_resource(pid, attrs):
-                if self._telemetry is not None:
-                    self._telemetry.add("gpumetrics.processes.dropped_by_relabel")
-                continue
-            attrs[names.AttrProcessPID] = pid  # always the int pid, whatever the resourcer did
-            rm = resources.add()
-            encode_attributes(rm.resource.attributes, attrs.items())
-            sm = self._new_scope_metrics(rm, self._scope)
-            written = self._encode_buffer(sm.metrics, buf, cache)
-            if not written:
-                del resources[-1]
-            n += written
+        batch, resourcer = self._drain()
+        with self._encode_lock:
+            host, procs, n = self._encode(batch, resourcer)
+        for data in host:
+            host_metrics.add().ParseFromString(data)
+        for data in procs:
+            resources.add().ParseFromString(data)
         return n
 
-    def collect(self) -> metrics_service_pb2.ExportMetricsServiceRequest:
-        """Produce one complete ``ExportMetricsServiceRequest``.
+    def collect_serialized(self) -> tuple[bytes, int]:
+        """Produce one complete serialized ``ExportMetricsServiceRequest`` and its point count.
 
         The host resource (``host_attributes``) carries the GPU metrics scope and, when
         configured, the ``gpumetrics.self`` scope; then one resource per process. The host
-        resource is left out when it has nothing to carry.
+        resource is left out when it has nothing to carry. This is what the batcher stores
+        (``BatchStore.append_serialized``).
+
+        Raises:
+            EncodingError: naming the metric or attribute that cannot be encoded.
+
         """
-        req = metrics_service_pb2.ExportMetricsServiceRequest()
-        host_rm = req.resource_metrics.add()
-        encode_attributes(host_rm.resource.attributes, self._host_attributes.items())
-        sm = self._new_scope_metrics(host_rm, self._scope)
-        self.produce(sm.metrics, req.resource_metrics)  # processes land after the host resource
-        if not sm.metrics:
-            del host_rm.scope_metrics[-1]
-        if self._self_telemetry is not None:
-            self_sm = self._new_scope_metrics(host_rm, self._self_scope)
-            if not self._self_telemetry.render(self_sm.metrics):
-                del host_rm.scope_metrics[-1]
-        if not host_rm.scope_metrics:
-            del req.resource_metrics[0]
-        return req
+        batch, resourcer = self._drain()
+        with self._encode_lock:
+            host, procs, n = self._encode(batch, resourcer)
+            scopes = []
+            if host:
+                head, tail = self._scope_parts
+                scopes.append(len_field(2, bulk.scope_metrics(head, host, tail)))
+            if self._self_telemetry is not None:
+                tmp = metrics_pb2.ScopeMetrics()
+                n_self = self._self_telemetry.render(tmp.metrics)
+                if n_self:
+                    head, tail = self._self_scope_parts
+                    metrics = [m.SerializeToString() for m in tmp.metrics]
+                    scopes.append(len_field(2, bulk.scope_metrics(head, metrics, tail)))
+                    n += n_self
+            parts = []
+            if scopes:
+                if self._host_resource is None:
+                    self._host_resource = bulk.resource_bytes(self._host_attributes.items())
+                parts.append(len_field(1, self._host_resource + b"".join(scopes)))
+            parts.extend(len_field(1, rm) for rm in procs)
+        return b"".join(parts), n
+
+    def collect(self) -> metrics_service_pb2.ExportMetricsServiceRequest:
+        """Produce one complete ``ExportMetricsServiceRequest`` (see :meth:`collect_serialized`)."""
+        data, _ = self.collect_serialized()
+        return metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)
+
+
+def _fold(buf: MetricBuffer, rc: ResourceColumns) -> int:
+    """Append ``buf``'s points to ``rc`` (checked); return how many were refused."""
+    refused = 0
+    for spec, pts in buf.items():
+        tmp = MetricColumns(spec)
+        for p in pts:
+            if not tmp.add(p.value, p.time_unix_nano, p.attributes, p.start_time_unix_nano):
+                refused += 1
+        refused += check(tmp)
+        rc.columns(spec).extend(tmp)
+    return refused

@@ -43,7 +43,7 @@ from typing import Any
 import pynvml
 
 from gpumetrics.metrics import names
-from gpumetrics.metrics.buffer import Attributes, Point
+from gpumetrics.metrics.buffer import Attributes
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.convert import U32_NA, U64_NA
 from gpumetrics.nvml.device import MAX_MIG_ID, Device
@@ -52,7 +52,6 @@ from gpumetrics.nvml.records import PROCESS_V2, layout, running_processes
 
 LISTS = ("Compute", "Graphics", "MPSCompute")
 INSUFFICIENT_SIZE = frozenset({pynvml.NVML_ERROR_INSUFFICIENT_SIZE})
-_new = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,18 +237,23 @@ def collect_process_memory(dev: Device, tick: Tick, entries: dict[int, ProcessEn
         for pid in entries:
             starts.setdefault(pid, now)
         return
-    metric = names.MetricProcessMemoryUsage
-    by_ids: dict[tuple[int | None, int | None], Attributes] = {}  # one tuple per MIG id pair
-    points = tick.points
+    # one table per MIG id pair (on a MIG instance a process carries its instance's ids)
+    tables: dict[tuple[int | None, int | None], tuple[list[int], list[int], list[int]]] = {}
     for pid, e in entries.items():
         start = starts.setdefault(pid, now)
         if e.used_bytes is None:
             continue
         ids = (e.gpu_instance_id, e.compute_instance_id)
-        attrs = by_ids.get(ids)
-        if attrs is None:
-            attrs = by_ids[ids] = _process_attrs(dev, *ids)
-        points.process_list(pid, metric).append(_new(Point, (e.used_bytes, now, attrs, start)))
+        table = tables.get(ids)
+        if table is None:
+            table = tables[ids] = ([], [], [])
+        table[0].append(pid)
+        table[1].append(e.used_bytes)
+        table[2].append(start)
+    for ids, (pids, used, first_seen) in tables.items():
+        tick.points.block(
+            names.MetricProcessMemoryUsage, _process_attrs(dev, *ids), pids, used, now, first_seen
+        )
 
 
 def _process_attrs(dev: Device, gi: int | None, ci: int | None) -> Attributes:

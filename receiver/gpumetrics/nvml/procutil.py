@@ -43,7 +43,6 @@ from typing import Any
 import pynvml
 
 from gpumetrics.metrics import names
-from gpumetrics.metrics.buffer import Point
 from gpumetrics.nvml import convert, records
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.device import Device
@@ -61,7 +60,6 @@ _TASKS = (
 )
 """Sample fields in the order of :attr:`ProcessSamples.kept` values, their metric and attributes."""
 _READERS = {NEW: records.processes_utilization_info, OLD: records.process_utilization}
-_new = tuple.__new__
 
 
 @dataclass
@@ -173,19 +171,25 @@ def collect_process_utilization(
     ]
     if not tasks:
         return
-    points, to_unix_ns = tick.points, tick.ctx.timebase.to_unix_ns
+    to_unix_ns = tick.ctx.timebase.to_unix_ns
+    pids: list[int] = []
+    times: list[int] = []
+    ratios: list[list[float]] = [[] for _ in _TASKS]
     for pid, ts, values in samples.kept:
         if live_pids is not None and pid not in live_pids:
             continue
-        time_ns = to_unix_ns(ts)
-        for i, metric, attrs in tasks:  # percentages validated (0-100) by the reader
-            ratio = values[i] / 100.0
-            points.process_list(pid, metric).append(_new(Point, (ratio, time_ns, attrs, 0)))
-    if live_pids is None:
-        return
-    now = tick.now_ns
-    for pid in live_pids:
-        if pid in samples.sampled:
-            continue
-        for _, metric, attrs in tasks:  # running, no sample: idle in the whole window (F27)
-            points.process_list(pid, metric).append(_new(Point, (0.0, now, attrs, 0)))
+        pids.append(pid)
+        times.append(to_unix_ns(ts))
+        for i, _, _ in tasks:  # percentages validated (0-100) by the reader
+            ratios[i].append(values[i] / 100.0)
+    if live_pids is not None:
+        now = tick.now_ns
+        for pid in live_pids:
+            if pid in samples.sampled:
+                continue
+            pids.append(pid)  # running, no sample: idle in the whole window (F27)
+            times.append(now)
+            for i, _, _ in tasks:
+                ratios[i].append(0.0)
+    for i, metric, attrs in tasks:
+        tick.points.block(metric, attrs, pids, ratios[i], times)

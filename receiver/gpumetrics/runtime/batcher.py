@@ -1,7 +1,9 @@
 """The batcher: turns what the collectors recorded into store batches, on a fixed interval.
 
 Runtime contract (``docs/architecture.md``): every ``interval_s`` the batcher calls
-``producer.collect()`` and appends the result to the :class:`~gpumetrics.store.BatchStore`,
+``producer.collect()`` and appends the result to the :class:`~gpumetrics.store.BatchStore`
+(a producer with ``collect_serialized()``, as ``gpumetrics.metrics.Producer`` has, gives the
+request's bytes and point count, stored with ``append_serialized`` without a parse),
 then runs its companions (the GPU events' ``EventProducer.flush_to(log_store)``);
 health turns SERVING after the first batch that **follows** ``Collector.ready`` (the collector
 had completed a whole cycle before that batch's ``collect``). Until then it checks readiness
@@ -27,13 +29,16 @@ class _Producer(Protocol):
 class _Store(Protocol):
     def append(self, request: Any) -> int: ...
 
+    def append_serialized(self, data: bytes, points: int) -> int: ...
+
 
 class Batcher:
     """Moves ``producer.collect()`` into ``store`` every ``interval_s`` seconds.
 
     Args:
-        producer: has ``collect() -> ExportMetricsServiceRequest``.
-        store: has ``append(request) -> int``.
+        producer: has ``collect() -> ExportMetricsServiceRequest``, or
+            ``collect_serialized() -> (bytes, points)`` (preferred when present).
+        store: has ``append(request) -> int`` and ``append_serialized(data, points) -> int``.
         interval_s: seconds between batches.
         collector_ready: set by the collector after its first complete cycle.
         on_ready: called once, after the first batch that follows ``collector_ready``.
@@ -88,10 +93,17 @@ class Batcher:
         """
         with self._lock:
             was_ready = self._collector_ready.is_set()
-            request = self._producer.collect()
             seq = None
-            if len(request.resource_metrics):
-                seq = self._store.append(request)
+            serialized = getattr(self._producer, "collect_serialized", None)
+            if serialized is not None:
+                data, points = serialized()
+                if data:
+                    seq = self._store.append_serialized(data, points)
+            else:
+                request = self._producer.collect()
+                if len(request.resource_metrics):
+                    seq = self._store.append(request)
+            if seq is not None:
                 self.batches += 1
             if was_ready and not self._announced:
                 self._announced = True
