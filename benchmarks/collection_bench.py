@@ -8,7 +8,8 @@ reports, per steady-state cycle:
 - ``sim ms``: the part of it spent inside the simulated driver's C functions (CPU time the
   simulator accumulates, ``cpu_in_driver_s``; on hardware this is libnvidia-ml's own cost);
 - ``ours ms``: cpu - sim, the collector's own cost;
-- ``encode ms``: CPU of ``Producer.collect()`` turning that cycle into OTLP (the batcher's job);
+- ``encode ms``: CPU of the batcher turning that cycle into OTLP and storing it
+  (``Batcher.run_once()``: the producer's encoding and ``BatchStore.append``);
 - ``calls``: NVML C calls per cycle (sizing and data calls counted separately, as the driver
   sees them), against ``min``, the calls the metric set needs (see :func:`minimum_calls`).
 
@@ -20,7 +21,8 @@ hardware each PCIe read costs ~40 ms of wall time per GPU on its worker, every
 profile with 64, 256, 512 and 2048 processes *per GPU*, each process declared by a profiler
 (the realistic declarations of :mod:`benchmarks.workload`, so per-process identity goes through
 the real ``ProcessResourcer``), and per 1 s cycle the collector's CPU plus a tenth of one
-``Producer.collect()`` (the 10 s batch's identity and OTLP encoding, as the batcher runs it):
+``Batcher.run_once()`` (the 10 s batch's identity, OTLP encoding and ``BatchStore`` append, as
+the sidecar's batcher runs it):
 ``cpu ms`` = collect + batch / 10; ``sim ms`` the simulator's CPU
 (``SimDriver.cpu_in_driver_s``, both parts), ``ours`` the rest.
 
@@ -37,10 +39,14 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import threading  # noqa: E402
+
 from gpumetrics.metrics.producer import Producer  # noqa: E402
 from gpumetrics.nvml.collector import Collector  # noqa: E402
 from gpumetrics.nvml.settings import CollectionSettings  # noqa: E402
+from gpumetrics.runtime.batcher import Batcher  # noqa: E402
 from gpumetrics.selftelemetry import Telemetry  # noqa: E402
+from gpumetrics.store import BatchStore  # noqa: E402
 
 import nvmlsim as sim  # noqa: E402
 from benchmarks.harness import emit, machine, node_scenario  # noqa: E402
@@ -54,6 +60,11 @@ SCALE = (64, 256, 512, 2048)
 def scenario(gpus: int, processes: int) -> sim.Scenario:
     """``gpus`` H100s (the h100-sxm profile's device) with ``processes`` processes each."""
     return sim.scenario_from_data(node_scenario(gpus, processes))
+
+
+def _batcher(producer: Producer) -> Batcher:
+    """The sidecar's batcher on a store with default limits, run by hand (``run_once``)."""
+    return Batcher(producer, BatchStore(), 3600.0, threading.Event())
 
 
 def measure(gpus: int, processes: int, cycles: int) -> dict[str, float]:
@@ -73,9 +84,10 @@ def measure(gpus: int, processes: int, cycles: int) -> dict[str, float]:
             clock_ns=lambda: clock.now_us() * 1000,
             monotonic_ns=lambda: clock.now_us() * 1000,
         )
+        batcher = _batcher(prod)
         for _ in range(3):  # warm-up: init, discovery, capability probing, first-read windows
             col.collect_once()
-            prod.collect()
+            batcher.run_once()
             drv.next_cycle()
         start = drv.stats()
         cpu = encode = 0.0
@@ -84,7 +96,7 @@ def measure(gpus: int, processes: int, cycles: int) -> dict[str, float]:
             t0 = time.process_time()
             report = col.collect_once()
             t1 = time.process_time()
-            prod.collect()
+            batcher.run_once()
             t2 = time.process_time()
             cpu += t1 - t0
             encode += t2 - t1
@@ -109,11 +121,12 @@ def measure(gpus: int, processes: int, cycles: int) -> dict[str, float]:
 def measure_scale(processes: int, batches: int, gpus: int = 8) -> dict[str, float]:
     """Per 1 s cycle: collection plus a tenth of the batch, with identity (module docstring)."""
     drv, col, prod = sizing_node(gpus, processes)
+    batcher = _batcher(prod)
     try:
         for _ in range(3):  # warm-up: init, discovery, capability probing, first-read windows
             col.collect_once()
             drv.next_cycle()
-        prod.collect()
+        batcher.run_once()
         start = drv.stats()
         collect = batch = 0.0
         points = cycles = 0
@@ -125,7 +138,7 @@ def measure_scale(processes: int, batches: int, gpus: int = 8) -> dict[str, floa
                 cycles += 1
                 drv.next_cycle()
             t0 = time.process_time()
-            prod.collect()
+            batcher.run_once()
             batch += time.process_time() - t0
         end = drv.stats()
         col.stop(5.0)

@@ -1,5 +1,6 @@
 from typing import Any
 
+import pytest
 from gpumetrics.metrics import GPU, Producer, count_points, names
 from gpumetrics.selftelemetry import Telemetry
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
@@ -146,3 +147,59 @@ def test_pid_must_be_positive():
     for bad in bads:
         with pytest.raises(ValueError, match="pid"):
             p.record_process(bad, lambda b: None)
+
+
+def _processes(p, n):
+    for pid in range(1, n + 1):
+        p.record_process(
+            pid,
+            lambda b: b.add(
+                names.MetricProcessMemoryUsage, 1 << 20, T, GPU0.id_attributes(), T - 1
+            ),
+        )
+
+
+def test_collect_batches_packs_whole_resources_as_the_store_would_split_them():
+    from gpumetrics.metrics.split import split_request
+
+    a, b = (
+        Producer(host_attributes={"host.name": "n"}),
+        Producer(host_attributes={"host.name": "n"}),
+    )
+    for p in (a, b):
+        record_power(p, GPU0, 300.0)
+        _processes(p, 50)
+    whole = a.collect()
+    max_bytes = whole.ByteSize() // 4
+    pieces = b.collect_batches(max_bytes)
+    want = split_request(whole, max_bytes)
+    assert len(pieces) == len(want) > 1
+    for (data, points), expected in zip(pieces, want, strict=True):
+        assert len(data) <= max_bytes
+        got = metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)
+        assert got == expected and points == count_points(expected)
+
+
+def test_collect_batches_is_empty_when_nothing_was_recorded_and_refuses_a_bad_bound():
+    p = Producer()
+    assert p.collect_batches(1 << 20) == []
+    with pytest.raises(ValueError, match="max_bytes"):
+        p.collect_batches(0)
+
+
+def test_a_process_resource_is_rebuilt_when_the_resourcer_answer_changes():
+    class Resourcer:
+        service = "a"
+
+        def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
+            attrs["service.name"] = self.service
+            return True
+
+    r = Resourcer()
+    p = Producer()
+    p.set_process_resourcer(r)
+    _processes(p, 1)
+    assert attrs_of(p.collect().resource_metrics[0].resource)["service.name"] == "a"
+    r.service = "b"  # same pid, a new answer (a declaration arrived): a new resource
+    _processes(p, 1)
+    assert attrs_of(p.collect().resource_metrics[0].resource)["service.name"] == "b"

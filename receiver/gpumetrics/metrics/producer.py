@@ -266,8 +266,8 @@ class Producer:
 
     def _encode(
         self, batch: _Batch, resourcer: ProcessResourcer | None
-    ) -> tuple[list[bytes], list[bytes], int]:
-        """Return ``(host GPU metrics, process ResourceMetrics, points)``, each serialized."""
+    ) -> tuple[list[bytes], int, list[tuple[bytes, int]]]:
+        """Return ``(host GPU metrics, their points, [(process ResourceMetrics, points)])``."""
         self._fold_buffers(batch)
         for heads in self._point_heads:
             if len(heads) > HEADS_MAX:
@@ -298,10 +298,9 @@ class Producer:
             kept[pid] = hit
             metrics = by_pid[pid]
             body = bulk.scope_metrics(head, [m for m, _ in metrics], tail)
-            resources.append(hit[1] + len_field(2, body))
-            n += sum(c for _, c in metrics)
+            resources.append((hit[1] + len_field(2, body), sum(c for _, c in metrics)))
         self._resources = kept  # a process without points this batch: its resource is forgotten
-        return host, resources, n
+        return host, n, resources
 
     def produce(self, host_metrics: Any, resources: Any) -> int:
         """Drain everything recorded since the last call into OTLP messages (the seed's API).
@@ -318,28 +317,24 @@ class Producer:
         """
         batch, resourcer = self._drain()
         with self._encode_lock:
-            host, procs, n = self._encode(batch, resourcer)
+            host, n, procs = self._encode(batch, resourcer)
         for data in host:
             host_metrics.add().ParseFromString(data)
-        for data in procs:
+        for data, points in procs:
             resources.add().ParseFromString(data)
+            n += points
         return n
 
-    def collect_serialized(self) -> tuple[bytes, int]:
-        """Produce one complete serialized ``ExportMetricsServiceRequest`` and its point count.
+    def _resource_metrics(self) -> list[tuple[bytes, int]]:
+        """Drain the batch into serialized ``resource_metrics`` entries and their point counts.
 
-        The host resource (``host_attributes``) carries the GPU metrics scope and, when
-        configured, the ``gpumetrics.self`` scope; then one resource per process. The host
-        resource is left out when it has nothing to carry. This is what the batcher stores
-        (``BatchStore.append_serialized``).
-
-        Raises:
-            EncodingError: naming the metric or attribute that cannot be encoded.
-
+        The host resource (``host_attributes``) comes first, carrying the GPU metrics scope
+        and, when configured, the ``gpumetrics.self`` scope; it is left out when it has
+        nothing to carry. Then one resource per process, by pid.
         """
         batch, resourcer = self._drain()
         with self._encode_lock:
-            host, procs, n = self._encode(batch, resourcer)
+            host, n, procs = self._encode(batch, resourcer)
             scopes = []
             if host:
                 head, tail = self._scope_parts
@@ -356,9 +351,48 @@ class Producer:
             if scopes:
                 if self._host_resource is None:
                     self._host_resource = bulk.resource_bytes(self._host_attributes.items())
-                parts.append(len_field(1, self._host_resource + b"".join(scopes)))
-            parts.extend(len_field(1, rm) for rm in procs)
-        return b"".join(parts), n
+                parts.append((len_field(1, self._host_resource + b"".join(scopes)), n))
+            parts.extend((len_field(1, rm), points) for rm, points in procs)
+        return parts
+
+    def collect_serialized(self) -> tuple[bytes, int]:
+        """Produce one complete serialized ``ExportMetricsServiceRequest`` and its point count.
+
+        Raises:
+            EncodingError: naming the metric or attribute that cannot be encoded.
+
+        """
+        parts = self._resource_metrics()
+        return b"".join(data for data, _ in parts), sum(n for _, n in parts)
+
+    def collect_batches(self, max_bytes: int) -> list[tuple[bytes, int]]:
+        """Produce the batch as serialized requests of at most ``max_bytes`` each, with counts.
+
+        Whole ``ResourceMetrics`` are packed in order, as ``metrics.split.split_request``
+        packs them, so the store (``BatchStore.append_serialized``) keeps them as they come;
+        a resource larger than ``max_bytes`` on its own is one request, which the store splits
+        further. This is what the batcher stores. Empty when nothing was recorded.
+
+        Raises:
+            ValueError: ``max_bytes`` is not positive.
+            EncodingError: naming the metric or attribute that cannot be encoded.
+
+        """
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes: must be > 0, got {max_bytes}")
+        out: list[tuple[bytes, int]] = []
+        chunk: list[bytes] = []
+        size = points = 0
+        for data, n in self._resource_metrics():
+            if chunk and size + len(data) > max_bytes:
+                out.append((b"".join(chunk), points))
+                chunk, size, points = [], 0, 0
+            chunk.append(data)
+            size += len(data)
+            points += n
+        if chunk:
+            out.append((b"".join(chunk), points))
+        return out
 
     def collect(self) -> metrics_service_pb2.ExportMetricsServiceRequest:
         """Produce one complete ``ExportMetricsServiceRequest`` (see :meth:`collect_serialized`)."""

@@ -36,8 +36,9 @@ Not called on MIG-enabled GPUs, where both APIs are documented unsupported (NVML
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, filterfalse, repeat
 from typing import Any
 
 import pynvml
@@ -60,20 +61,34 @@ _TASKS = (
 )
 """Sample fields in the order of :attr:`ProcessSamples.kept` values, their metric and attributes."""
 _READERS = {NEW: records.processes_utilization_info, OLD: records.process_utilization}
+_HUNDRED = 100.0  # ratio = percent / 100.0, as _HUNDRED.__rtruediv__ computes it
 
 
 @dataclass
 class ProcessSamples:
-    """One successful per-process utilisation answer.
+    """One successful per-process utilisation answer, as columns.
 
     Attributes:
-        kept: validated samples as ``(pid, driver timestamp µs, [sm, enc, dec, mem] %)``.
+        pids: the pid of each validated sample.
+        stamps: each validated sample's driver timestamp (µs, the driver's clock domain).
+        percents: per task in :data:`_TASKS` order (sm, enc, dec, mem), each validated
+            sample's percentage (0-100).
         sampled: every pid the answer had a sample for, dropped ones included.
 
     """
 
-    kept: list[tuple[int, int, list[int]]] = field(default_factory=list)
+    pids: Sequence[int] = ()
+    stamps: Sequence[int] = ()
+    percents: tuple[Sequence[int], ...] = ((), (), (), ())
     sampled: set[int] = field(default_factory=set)
+
+    @property
+    def kept(self) -> list[tuple[int, int, list[int]]]:
+        """The validated samples as ``(pid, timestamp µs, [sm, enc, dec, mem] %)`` (tests)."""
+        return [
+            (pid, ts, list(pcts))
+            for pid, ts, *pcts in zip(self.pids, self.stamps, *self.percents, strict=True)
+        ]
 
 
 def _read(dev: Device, tick: Tick) -> tuple[str, list[Any]] | None:
@@ -129,24 +144,28 @@ def read_process_utilization(dev: Device, tick: Tick) -> ProcessSamples | None:
     if got is None:
         return None
     function, samples = got
-    newest = None
+    if not samples:
+        return ProcessSamples()
+    pids, stamps, sm, mem, enc, dec = zip(*samples, strict=True)
+    dev.cursors.advance(CURSOR, max(stamps))
     pid_max = tick.ctx.pid_max
-    out = ProcessSamples()
-    kept, sampled = out.kept, out.sampled
-    for pid, ts, sm, mem, enc, dec in samples:
-        if newest is None or ts > newest:
-            newest = ts
-        sampled.add(pid)
+    out = ProcessSamples(pids, stamps, (sm, enc, dec, mem), set(pids))
+    if min(pids) >= 1 and max(pids) <= pid_max and max(map(max, sm, enc, dec, mem)) <= 100:
+        return out  # every sample valid: the common case, C-level scans only
+    keep: list[tuple[int, int, int, int, int, int]] = []
+    for pid, ts, s_, m_, e_, d_ in samples:
         if not 1 <= pid <= pid_max:
             dev.calls.drop(function, "invalid_pid", detail=str(pid))
             continue
-        if sm > 100 or enc > 100 or dec > 100 or mem > 100:  # unsigned: never below 0
-            values = [sm, enc, dec, mem]
+        if s_ > 100 or e_ > 100 or d_ > 100 or m_ > 100:  # unsigned: never below 0
+            values = [s_, e_, d_, m_]
             dev.calls.drop(function, convert.OUT_OF_RANGE, detail=f"pid {pid}: {values}")
             continue
-        kept.append((pid, ts, [sm, enc, dec, mem]))
-    dev.cursors.advance(CURSOR, newest)
-    return out
+        keep.append((pid, ts, s_, e_, d_, m_))
+    if not keep:
+        return ProcessSamples(sampled=out.sampled)
+    k_pids, k_stamps, *k_percents = zip(*keep, strict=True)
+    return ProcessSamples(k_pids, k_stamps, tuple(k_percents), out.sampled)
 
 
 def collect_process_utilization(
@@ -171,25 +190,21 @@ def collect_process_utilization(
     ]
     if not tasks:
         return
-    to_unix_ns = tick.ctx.timebase.to_unix_ns
-    pids: list[int] = []
-    times: list[int] = []
-    ratios: list[list[float]] = [[] for _ in _TASKS]
-    for pid, ts, values in samples.kept:
-        if live_pids is not None and pid not in live_pids:
-            continue
-        pids.append(pid)
-        times.append(to_unix_ns(ts))
-        for i, _, _ in tasks:  # percentages validated (0-100) by the reader
-            ratios[i].append(values[i] / 100.0)
-    if live_pids is not None:
-        now = tick.now_ns
-        for pid in live_pids:
-            if pid in samples.sampled:
-                continue
-            pids.append(pid)  # running, no sample: idle in the whole window (F27)
-            times.append(now)
-            for i, _, _ in tasks:
-                ratios[i].append(0.0)
-    for i, metric, attrs in tasks:
-        tick.points.block(metric, attrs, pids, ratios[i], times)
+    pids: Sequence[int] = samples.pids
+    stamps: Sequence[int] = samples.stamps
+    percents = samples.percents
+    if live_pids is not None and pids and not all(map(live_pids.__contains__, pids)):
+        keep = list(map(live_pids.__contains__, pids))
+        pids = list(compress(pids, keep))
+        stamps = list(compress(stamps, keep))
+        percents = tuple(list(compress(col, keep)) for col in percents)
+    times = tick.ctx.timebase.to_unix_ns_all(stamps)
+    ratios = [list(map(_HUNDRED.__rtruediv__, percents[i])) for i, _, _ in tasks]
+    if live_pids is not None:  # running, no sample: idle in the whole window (F27)
+        idle = list(filterfalse(samples.sampled.__contains__, live_pids))
+        if idle:
+            pids = [*pids, *idle]
+            times = [*times, *repeat(tick.now_ns, len(idle))]
+            ratios = [[*r, *repeat(0.0, len(idle))] for r in ratios]
+    for (_, metric, attrs), values in zip(tasks, ratios, strict=True):
+        tick.points.block(metric, attrs, pids, values, times)

@@ -2,8 +2,9 @@
 
 Runtime contract (``docs/architecture.md``): every ``interval_s`` the batcher calls
 ``producer.collect()`` and appends the result to the :class:`~gpumetrics.store.BatchStore`
-(a producer with ``collect_serialized()``, as ``gpumetrics.metrics.Producer`` has, gives the
-request's bytes and point count, stored with ``append_serialized`` without a parse),
+(a producer with ``collect_batches(max_bytes)``, as ``gpumetrics.metrics.Producer`` has, gives
+it serialized requests that already fit the store's ``max_batch_bytes``, stored with
+``append_serialized`` without a parse),
 then runs its companions (the GPU events' ``EventProducer.flush_to(log_store)``);
 health turns SERVING after the first batch that **follows** ``Collector.ready`` (the collector
 had completed a whole cycle before that batch's ``collect``). Until then it checks readiness
@@ -31,14 +32,18 @@ class _Store(Protocol):
 
     def append_serialized(self, data: bytes, points: int) -> int: ...
 
+    @property
+    def max_batch_bytes(self) -> int: ...
+
 
 class Batcher:
     """Moves ``producer.collect()`` into ``store`` every ``interval_s`` seconds.
 
     Args:
         producer: has ``collect() -> ExportMetricsServiceRequest``, or
-            ``collect_serialized() -> (bytes, points)`` (preferred when present).
-        store: has ``append(request) -> int`` and ``append_serialized(data, points) -> int``.
+            ``collect_batches(max_bytes) -> [(bytes, points)]`` (preferred when present).
+        store: has ``append(request) -> int``, ``append_serialized(data, points) -> int`` and
+            ``max_batch_bytes``.
         interval_s: seconds between batches.
         collector_ready: set by the collector after its first complete cycle.
         on_ready: called once, after the first batch that follows ``collector_ready``.
@@ -94,10 +99,9 @@ class Batcher:
         with self._lock:
             was_ready = self._collector_ready.is_set()
             seq = None
-            serialized = getattr(self._producer, "collect_serialized", None)
-            if serialized is not None:
-                data, points = serialized()
-                if data:
+            batches = getattr(self._producer, "collect_batches", None)
+            if batches is not None:
+                for data, points in batches(self._store.max_batch_bytes):
                     seq = self._store.append_serialized(data, points)
             else:
                 request = self._producer.collect()
