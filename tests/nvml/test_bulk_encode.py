@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from gpumetrics.identity.resourcer import new_process_resourcer
-from gpumetrics.metrics import names
+from gpumetrics.metrics import bulk, names
 from gpumetrics.metrics.encode import count_points, encode_attributes, encode_metric
 from gpumetrics.metrics.producer import Producer
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
@@ -94,8 +94,21 @@ def _scenario(name: str) -> Any:
     return name
 
 
+@pytest.fixture(params=["compiled", "python"])
+def kernels(request):
+    """Each test runs with the compiled kernels (``_wire.c``) and with the pure-Python ones."""
+    if request.param == "compiled" and bulk._compiled is None:
+        pytest.skip(
+            "gpumetrics.metrics._wire not built (no C compiler): tests/unit/test_kernels.py"
+        )
+    before = bulk.kernels_in_use()
+    bulk.use_kernels(request.param)
+    yield request.param
+    bulk.use_kernels(before)
+
+
 @pytest.mark.parametrize("name", [s for s in SCENARIOS if s not in SKIP])
-def test_bulk_output_equals_the_protobuf_api(nvml_run, helpers, name):
+def test_bulk_output_equals_the_protobuf_api(nvml_run, helpers, name, kernels):
     run = nvml_run(_scenario(name), helpers.settings(**STEADY))
     reference = Reference(self_telemetry=run.tel)  # as the run's producer
     _tee(run, reference)
@@ -108,7 +121,7 @@ def test_bulk_output_equals_the_protobuf_api(nvml_run, helpers, name):
     assert points > 0, "nothing was compared"
 
 
-def test_bulk_output_with_process_resources_and_self_telemetry(nvml_run, helpers):
+def test_bulk_output_with_process_resources_and_self_telemetry(nvml_run, helpers, kernels):
     """Declared-like resources from a resourcer, several processes per GPU, the self scope."""
     run = nvml_run("h100-8x-training", helpers.settings(**STEADY))
     resourcer = new_process_resourcer(None, None, "node-1", False, read_process_context=False)

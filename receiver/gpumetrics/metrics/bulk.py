@@ -29,43 +29,77 @@ or empty keys refused with :class:`~gpumetrics.metrics.encode.EncodingError`).
 from __future__ import annotations
 
 import struct
-from bisect import bisect_right
-from collections.abc import Iterable, Sequence
-from functools import cache
-from itertools import accumulate, chain, repeat
-from operator import itemgetter
+from collections.abc import Iterable
+from itertools import accumulate
 from typing import Any
 
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 
+from gpumetrics.metrics import kernels
 from gpumetrics.metrics.columns import MetricColumns, ProcessColumns
 from gpumetrics.metrics.encode import EncodingError, encode_attributes
 from gpumetrics.metrics.spec import MetricSpec, Scope
 from gpumetrics.wire import len_field, varint
 
 __all__ = [
+    "KERNELS",
     "MetricHeads",
     "PointHeads",
     "encode_columns",
+    "ProcessMetric",
     "encode_process_metrics",
-    "pack_points",
+    "frame_resources",
+    "kernels_in_use",
+    "use_kernels",
     "len_field",
     "resource_bytes",
     "scope_bytes",
 ]
 
+try:  # the compiled kernels (_wire.c), built at install time when a C compiler is present
+    from gpumetrics.metrics import _wire as _compiled  # type: ignore[attr-defined]
+except ImportError:  # no compiler at install time: the pure-Python kernels, the same bytes
+    _compiled = None
+
+_kernels: Any = _compiled if _compiled is not None else kernels
 _TAG_POINT = b"\x0a"  # Gauge.data_points / Sum.data_points = 1, LEN
-_START, _TIME, _DOUBLE, _INT = 0x11, 0x19, 0x21, 0x31  # NumberDataPoint fields 2, 3, 4, 6 (I64)
-_BODY = {
-    (False, False): struct.Struct("<BqBd"),  # time, as_double
-    (False, True): struct.Struct("<BqBq"),  # time, as_int (sfixed64)
-    (True, False): struct.Struct("<BqBqBd"),  # start, time, as_double
-    (True, True): struct.Struct("<BqBqBq"),  # start, time, as_int
-}
-_BODY_LEN = {False: 18, True: 27}
 _TEMPORALITY_CUMULATIVE = b"\x10" + bytes((metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE,))
 _MONOTONIC = b"\x18\x01"
+
+
+KERNELS = ("compiled", "python")
+"""The implementations of the inner loops: ``_wire.c`` (when it was built) and :mod:`.kernels`."""
+
+
+def kernels_in_use() -> str:
+    """Return which kernels encode: ``compiled`` or ``python``."""
+    return "compiled" if _kernels is _compiled else "python"
+
+
+def use_kernels(which: str) -> str:
+    """Encode with the ``compiled`` or the ``python`` kernels (``auto``: compiled if built).
+
+    For tests and benchmarks, which compare the two; both give the same bytes. Returns the
+    kernels now in use.
+
+    Raises:
+        ValueError: ``which`` is not one of ``auto``, ``compiled``, ``python``, or the
+            compiled kernels were not built.
+
+    """
+    global _kernels
+    if which == "python" or (which == "auto" and _compiled is None):
+        _kernels = kernels
+    elif which in ("compiled", "auto"):
+        if _compiled is None:
+            raise ValueError(
+                "kernels: the compiled kernels (gpumetrics.metrics._wire) are not built"
+            )
+        _kernels = _compiled
+    else:
+        raise ValueError(f"kernels: {which!r} is not auto, compiled or python")
+    return kernels_in_use()
 
 
 class PointHeads(dict[Any, bytes]):
@@ -100,7 +134,7 @@ def point_head(attributes: Any, with_start: bool) -> bytes:
     holder = metrics_pb2.NumberDataPoint()
     encode_attributes(holder.attributes, attributes)
     blob = holder.SerializeToString()
-    return _TAG_POINT + varint(len(blob) + _BODY_LEN[with_start]) + blob
+    return _TAG_POINT + varint(len(blob) + kernels.BODY_LEN[with_start]) + blob
 
 
 class MetricHeads(dict[str, tuple[bytes, bytes]]):
@@ -134,25 +168,19 @@ def _metric_head(spec: MetricSpec) -> tuple[bytes, bytes]:
 
 def _points(mc: MetricColumns, heads: tuple[PointHeads, PointHeads]) -> bytes:
     """Serialize the data points of ``mc`` (field 1 entries of its ``Gauge``/``Sum``)."""
-    as_int = mc.values.typecode == "q"
     n = len(mc)
     starts = mc.starts
     with_start = mc.spec.instrument.is_sum or (n > 0 and max(starts) > 0)
     if with_start and not mc.spec.instrument.is_sum and min(starts) == 0:
         return _mixed_points(mc, heads)  # a gauge with start times on some points only
-    pack = _BODY[(with_start, as_int)].pack
-    value_tag = repeat(_INT if as_int else _DOUBLE, n)
-    if with_start:
-        bodies = map(
-            pack, repeat(_START, n), starts, repeat(_TIME, n), mc.times, value_tag, mc.values
-        )
-    else:
-        bodies = map(pack, repeat(_TIME, n), mc.times, value_tag, mc.values)
     try:
-        first = map(heads[with_start].__getitem__, mc.attributes)
-        return b"".join(chain.from_iterable(zip(first, bodies, strict=True)))
+        row_heads = list(map(heads[with_start].__getitem__, mc.attributes))
     except TypeError:  # an unhashable attribute value (a list): encode without the cache
-        return _uncached_points(mc, with_start)
+        row_heads = [point_head(a, with_start) for a in mc.attributes]
+    as_int = mc.values.typecode == "q"
+    return _kernels.pack_points(
+        row_heads, None, mc.times, mc.values, starts if with_start else None, as_int, None
+    )
 
 
 def _mixed_points(mc: MetricColumns, heads: tuple[PointHeads, PointHeads]) -> bytes:
@@ -164,24 +192,8 @@ def _mixed_points(mc: MetricColumns, heads: tuple[PointHeads, PointHeads]) -> by
             head = heads[with_start][attrs]
         except TypeError:
             head = point_head(attrs, with_start)
-        body = _BODY[(with_start, as_int)]
-        tag = _INT if as_int else _DOUBLE
-        out.append(head)
         out.append(
-            body.pack(_START, s, _TIME, t, tag, v) if with_start else body.pack(_TIME, t, tag, v)
-        )
-    return b"".join(out)
-
-
-def _uncached_points(mc: MetricColumns, with_start: bool) -> bytes:
-    as_int = mc.values.typecode == "q"
-    body = _BODY[(with_start, as_int)]
-    tag = _INT if as_int else _DOUBLE
-    out = []
-    for attrs, t, v, s in zip(mc.attributes, mc.times, mc.values, mc.starts, strict=True):
-        out.append(point_head(attrs, with_start))
-        out.append(
-            body.pack(_START, s, _TIME, t, tag, v) if with_start else body.pack(_TIME, t, tag, v)
+            kernels.pack_points([head], None, (t,), (v,), (s,) if with_start else None, as_int)
         )
     return b"".join(out)
 
@@ -210,151 +222,112 @@ def encode_columns(
     return header + varint(len(data) + len(trailer)) + data + trailer
 
 
-def pack_points(
-    heads: Sequence[bytes],
-    head_index: Sequence[int],
-    times: Sequence[int],
-    values: Sequence[Any],
-    starts: Sequence[int] | None,
-    as_int: bool,
-) -> bytes:
-    """Serialize data points from columns: ``heads[head_index[i]]`` and row ``i``'s body.
+ProcessMetric = tuple[bytes, bytes, bytes, list[tuple[int, int, int, int]]]
+"""One per-process metric, encoded: ``(header, trailer, data points, runs)``.
 
-    Args:
-        heads: point heads (:func:`point_head`), built ``with_start`` exactly when ``starts``
-            is given.
-        head_index: each row's head, as an index into ``heads``.
-        times: each row's ``time_unix_nano`` (int64).
-        values: each row's value (int64 for ``as_int``, else double).
-        starts: each row's ``start_time_unix_nano``, or None for points without one.
-        as_int: write ``as_int`` (sfixed64) rather than ``as_double``.
-
-    Returns:
-        The data points, in row order, each as a ``data_points`` entry (field 1, LEN).
-
-    """
-    n = len(times)
-    tag = repeat(_INT if as_int else _DOUBLE, n)
-    lengths = {len(h) for h in heads}
-    hs = map(heads.__getitem__, head_index)
-    if len(lengths) == 1:  # one struct call per point writes the head too
-        body = _with_head(lengths.pop(), starts is not None, as_int).pack
-        if starts is None:
-            return b"".join(map(body, hs, repeat(_TIME, n), times, tag, values))
-        return b"".join(
-            map(body, hs, repeat(_START, n), starts, repeat(_TIME, n), times, tag, values)
-        )
-    pack = _BODY[(starts is not None, as_int)].pack
-    if starts is None:
-        bodies = map(pack, repeat(_TIME, n), times, tag, values)
-    else:
-        bodies = map(pack, repeat(_START, n), starts, repeat(_TIME, n), times, tag, values)
-    return b"".join(chain.from_iterable(zip(hs, bodies, strict=True)))
-
-
-@cache
-def _with_head(head_len: int, with_start: bool, as_int: bool) -> struct.Struct:
-    body = _BODY[(with_start, as_int)].format
-    assert isinstance(body, str) and body.startswith("<")
-    return struct.Struct(f"<{head_len}s{body[1:]}")
+``header`` and ``trailer`` are the ``Metric``'s bytes around its data points
+(:class:`MetricHeads`), ``data points`` one buffer of every process's points ordered by pid, and
+``runs`` one ``(pid, start, end, points)`` per process, by pid ascending: its points are
+``data points[start:end]``. ``frame_resources`` (the kernels) writes them as each process's
+``Metric``.
+"""
 
 
 def encode_process_metrics(
     columns: Iterable[ProcessColumns],
     metric_heads: MetricHeads,
     heads: tuple[PointHeads, PointHeads],
-) -> dict[int, list[tuple[bytes, int]]]:
-    """Serialize per-process metrics: pid → its ``Metric`` messages, each with its point count.
+) -> list[ProcessMetric]:
+    """Serialize per-process metrics, one :data:`ProcessMetric` per :class:`ProcessColumns`.
 
     Each :class:`ProcessColumns` is ordered by pid once (a stable sort: a process's points keep
-    their order), its points are written in that order in one pass (:func:`pack_points`), and
-    each process's run of them becomes one ``Metric``. Metrics are listed in the order of
-    ``columns``.
+    their order) and its points are written in that order in one pass (the kernels'
+    ``pack_points``).
 
     Raises:
         EncodingError: naming the metric, when an attribute cannot be encoded.
 
     """
-    out: dict[int, list[tuple[bytes, int]]] = {}
+    out: list[ProcessMetric] = []
     for pc in columns:
-        n = len(pc)
-        if not n:
+        if not len(pc):
             continue
         spec = pc.spec
         try:
-            runs = _process_runs(pc, heads)
+            blob, runs = _process_runs(pc, heads)
         except (EncodingError, ValueError, struct.error) as exc:
             raise EncodingError(f"metric {spec.name!r}: {exc}") from None
         header, trailer = metric_heads.of(spec)
-        extra = len(trailer)
-        for pid, data, count in runs:
-            metric = header + varint(len(data) + extra) + data + trailer
-            got = out.get(pid)
-            if got is None:
-                out[pid] = [(metric, count)]
-            else:
-                got.append((metric, count))
+        out.append((header, trailer, blob, runs))
     return out
+
+
+def frame_resources(
+    first: bytes | None,
+    first_points: int,
+    pids: list[int],
+    resources: list[bytes],
+    scope: tuple[bytes, bytes],
+    metrics: list[ProcessMetric],
+    max_bytes: int,
+) -> list[tuple[bytes, int]]:
+    """Write one ``ResourceMetrics`` per pid and pack them into requests (the kernels').
+
+    See ``kernels.frame_resources``: ``scope`` is ``(head, tail)`` of the processes'
+    ``ScopeMetrics`` (:func:`scope_bytes`).
+    """
+    head, tail = scope
+    return _kernels.frame_resources(  # type: ignore[no-any-return]
+        first, first_points, pids, resources, head, tail, metrics, max_bytes
+    )
 
 
 def _process_runs(
     pc: ProcessColumns, heads: tuple[PointHeads, PointHeads]
-) -> list[tuple[int, bytes, int]]:
-    """``(pid, data points, count)`` per pid of ``pc``, pids ascending."""
-    n = len(pc)
+) -> tuple[bytes, list[tuple[int, int, int, int]]]:
+    """Return ``pc``'s data points ordered by pid and ``(pid, start, end, points)`` per pid."""
     as_int = pc.values.typecode == "q"
-    is_sum = pc.spec.instrument.is_sum
-    with_start = is_sum or min(pc.starts) > 0
+    with_start = pc.spec.instrument.is_sum or min(pc.starts) > 0
     if not with_start and max(pc.starts) > 0:  # a gauge with start times on some points only
         return _process_runs_mixed(pc, heads)
-    order = sorted(range(n), key=pc.pids.__getitem__)
-    if n == 1:
-        pick: Any = lambda col: (col[0],)  # noqa: E731 - itemgetter(i) returns no tuple
-    else:
-        pick = itemgetter(*order)
-    pids = pick(pc.pids)
+    order, runs = _order_runs(pc.pids)
     point_heads = heads[with_start]
     try:
         row_heads = [point_heads[a] for a in pc.attributes]
     except TypeError:  # an unhashable attribute value: encoded without the cache
         row_heads = [point_head(a, with_start) for a in pc.attributes]
-    index = pick(pc.attrs_index)
-    blob = pack_points(
-        row_heads,
-        index,
-        pick(pc.times),
-        pick(pc.values),
-        pick(pc.starts) if with_start else None,
-        as_int,
+    starts = pc.starts if with_start else None
+    blob = _kernels.pack_points(
+        row_heads, pc.attrs_index, pc.times, pc.values, starts, as_int, order
     )
-    body = _BODY_LEN[with_start]
+    body = kernels.BODY_LEN[with_start]
     lengths = {len(h) for h in row_heads}
-    if len(lengths) == 1:
+    if len(lengths) == 1:  # every point the same size: a run's bytes by arithmetic
         row = lengths.pop() + body
-        offsets: Any = None
-    else:
-        offsets = [0, *accumulate(len(row_heads[i]) + body for i in index)]
-    runs = []
-    i = 0
-    while i < n:
-        pid = pids[i]
-        j = bisect_right(pids, pid, i)
-        if offsets is None:
-            data = blob[i * row : j * row]
-        else:
-            data = blob[offsets[i] : offsets[j]]
-        runs.append((pid, data, j - i))
-        i = j
-    return runs
+        return blob, [(pid, i * row, j * row, j - i) for pid, i, j in runs]
+    sizes = [len(h) + body for h in row_heads]
+    index = pc.attrs_index
+    offsets = [0, *accumulate(sizes[index[r]] for r in order)]
+    return blob, [(pid, offsets[i], offsets[j], j - i) for pid, i, j in runs]
+
+
+def _order_runs(keys: Any) -> tuple[Any, list[tuple[int, int, int]]]:
+    order, runs = _kernels.order_runs(keys)
+    if isinstance(order, bytes):  # the compiled kernel's native int64 row indexes
+        order = memoryview(order).cast("q")
+    return order, runs
 
 
 def _process_runs_mixed(
     pc: ProcessColumns, heads: tuple[PointHeads, PointHeads]
-) -> list[tuple[int, bytes, int]]:
-    runs = []
+) -> tuple[bytes, list[tuple[int, int, int, int]]]:
+    parts, runs, at = [], [], 0
     for pid, mc in sorted(pc.by_pid().items()):
-        runs.append((pid, _points(mc, heads), len(mc)))
-    return runs
+        data = _points(mc, heads)
+        parts.append(data)
+        runs.append((pid, at, at + len(data), len(mc)))
+        at += len(data)
+    return b"".join(parts), runs
 
 
 def scope_bytes(scope: Scope) -> tuple[bytes, bytes]:

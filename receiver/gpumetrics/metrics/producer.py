@@ -44,6 +44,8 @@ if TYPE_CHECKING:  # selftelemetry builds on this package; importing it here wou
 
 T = TypeVar("T")
 
+_UNBOUNDED = 2**62  # one request, whatever its size
+
 HEADS_MAX = 16_384
 """Distinct point attribute tuples whose serialized heads are kept between batches."""
 
@@ -265,26 +267,80 @@ class Producer:
         ]
 
     def _encode(
-        self, batch: _Batch, resourcer: ProcessResourcer | None
-    ) -> tuple[list[bytes], int, list[tuple[bytes, int]]]:
-        """Return ``(host GPU metrics, their points, [(process ResourceMetrics, points)])``."""
-        self._fold_buffers(batch)
-        for heads in self._point_heads:
-            if len(heads) > HEADS_MAX:
-                heads.clear()
-        disabled = self._disabled
-        host = self._encode_metrics(batch.host)
-        n = sum(len(mc) for name, mc in batch.host.items() if name not in disabled)
-        by_pid = bulk.encode_process_metrics(
-            (pc for name, pc in batch.processes.items() if name not in disabled),
-            self._metric_heads,
-            self._point_heads,
-        )
-        head, tail = self._scope_parts
-        resources = []
+        self, max_bytes: int, with_self: bool = True
+    ) -> tuple[list[tuple[bytes, int]], list[bytes]]:
+        """Drain the batch into serialized requests of at most ``max_bytes`` each.
+
+        Returns:
+            ``([(request bytes, points)], host GPU metrics)``: the requests (the host resource
+            first, carrying the GPU metrics scope and, when configured, the
+            ``gpumetrics.self`` scope, left out when it has nothing to carry; then one
+            resource per process, by pid) and the host's GPU ``Metric`` messages.
+
+        """
+        batch, resourcer = self._drain()
+        with self._encode_lock:
+            self._fold_buffers(batch)
+            for heads in self._point_heads:
+                if len(heads) > HEADS_MAX:
+                    heads.clear()
+            disabled = self._disabled
+            host = self._encode_metrics(batch.host)
+            n = sum(len(mc) for name, mc in batch.host.items() if name not in disabled)
+            metrics = bulk.encode_process_metrics(
+                (pc for name, pc in batch.processes.items() if name not in disabled),
+                self._metric_heads,
+                self._point_heads,
+            )
+            first = self._host_resource_metrics(host, with_self)
+            if first is not None:
+                n += first[1]
+            pids, resources = self._process_resources(metrics, resourcer)
+            return bulk.frame_resources(
+                first[0] if first else None,
+                n,
+                pids,
+                resources,
+                self._scope_parts,
+                metrics,
+                max_bytes,
+            ), host
+
+    def _host_resource_metrics(
+        self, host: list[bytes], with_self: bool
+    ) -> tuple[bytes, int] | None:
+        """Return the host's ``resource_metrics`` field and its self-telemetry points, or None."""
+        scopes = []
+        n_self = 0
+        if host:
+            head, tail = self._scope_parts
+            scopes.append(len_field(2, bulk.scope_metrics(head, host, tail)))
+        if with_self and self._self_telemetry is not None:
+            tmp = metrics_pb2.ScopeMetrics()
+            n_self = self._self_telemetry.render(tmp.metrics)
+            if n_self:
+                head, tail = self._self_scope_parts
+                rendered = [m.SerializeToString() for m in tmp.metrics]
+                scopes.append(len_field(2, bulk.scope_metrics(head, rendered, tail)))
+        if not scopes:
+            return None
+        if self._host_resource is None:
+            self._host_resource = bulk.resource_bytes(self._host_attributes.items())
+        return len_field(1, self._host_resource + b"".join(scopes)), n_self
+
+    def _process_resources(
+        self, metrics: list[bulk.ProcessMetric], resourcer: ProcessResourcer | None
+    ) -> tuple[list[int], list[bytes]]:
+        """Return the pids with points (relabel-dropped ones counted, left out), and resources.
+
+        A resource is serialized once and kept while its process has points, rebuilt only
+        when the resourcer's answer for the pid changes.
+        """
+        pids: list[int] = []
+        resources: list[bytes] = []
         cached = self._resources
         kept: dict[int, tuple[tuple[tuple[str, Any], ...], bytes]] = {}
-        for pid in sorted(by_pid):
+        for pid in sorted({run[0] for m in metrics for run in m[3]}):
             attrs: dict[str, Any] = {names.AttrProcessPID: pid}
             if resourcer is not None and not resourcer.put_resource(pid, attrs):
                 if self._telemetry is not None:
@@ -296,11 +352,10 @@ class Producer:
             if hit is None or hit[0] != key:  # what the resourcer says about pid changed
                 hit = (key, bulk.resource_bytes(key))
             kept[pid] = hit
-            metrics = by_pid[pid]
-            body = bulk.scope_metrics(head, [m for m, _ in metrics], tail)
-            resources.append((hit[1] + len_field(2, body), sum(c for _, c in metrics)))
+            pids.append(pid)
+            resources.append(hit[1])
         self._resources = kept  # a process without points this batch: its resource is forgotten
-        return host, n, resources
+        return pids, resources
 
     def produce(self, host_metrics: Any, resources: Any) -> int:
         """Drain everything recorded since the last call into OTLP messages (the seed's API).
@@ -315,45 +370,16 @@ class Producer:
             The number of data points written.
 
         """
-        batch, resourcer = self._drain()
-        with self._encode_lock:
-            host, n, procs = self._encode(batch, resourcer)
+        requests, host = self._encode(_UNBOUNDED, with_self=False)
         for data in host:
             host_metrics.add().ParseFromString(data)
-        for data, points in procs:
-            resources.add().ParseFromString(data)
+        n = 0
+        for data, points in requests:
+            request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)
             n += points
+            rms = request.resource_metrics
+            resources.extend(rms[1:] if host else rms)  # after the host's resource, if any
         return n
-
-    def _resource_metrics(self) -> list[tuple[bytes, int]]:
-        """Drain the batch into serialized ``resource_metrics`` entries and their point counts.
-
-        The host resource (``host_attributes``) comes first, carrying the GPU metrics scope
-        and, when configured, the ``gpumetrics.self`` scope; it is left out when it has
-        nothing to carry. Then one resource per process, by pid.
-        """
-        batch, resourcer = self._drain()
-        with self._encode_lock:
-            host, n, procs = self._encode(batch, resourcer)
-            scopes = []
-            if host:
-                head, tail = self._scope_parts
-                scopes.append(len_field(2, bulk.scope_metrics(head, host, tail)))
-            if self._self_telemetry is not None:
-                tmp = metrics_pb2.ScopeMetrics()
-                n_self = self._self_telemetry.render(tmp.metrics)
-                if n_self:
-                    head, tail = self._self_scope_parts
-                    metrics = [m.SerializeToString() for m in tmp.metrics]
-                    scopes.append(len_field(2, bulk.scope_metrics(head, metrics, tail)))
-                    n += n_self
-            parts = []
-            if scopes:
-                if self._host_resource is None:
-                    self._host_resource = bulk.resource_bytes(self._host_attributes.items())
-                parts.append((len_field(1, self._host_resource + b"".join(scopes)), n))
-            parts.extend((len_field(1, rm), points) for rm, points in procs)
-        return parts
 
     def collect_serialized(self) -> tuple[bytes, int]:
         """Produce one complete serialized ``ExportMetricsServiceRequest`` and its point count.
@@ -362,8 +388,11 @@ class Producer:
             EncodingError: naming the metric or attribute that cannot be encoded.
 
         """
-        parts = self._resource_metrics()
-        return b"".join(data for data, _ in parts), sum(n for _, n in parts)
+        requests, _ = self._encode(_UNBOUNDED)
+        if not requests:
+            return b"", 0
+        ((data, points),) = requests
+        return data, points
 
     def collect_batches(self, max_bytes: int) -> list[tuple[bytes, int]]:
         """Produce the batch as serialized requests of at most ``max_bytes`` each, with counts.
@@ -380,19 +409,8 @@ class Producer:
         """
         if max_bytes <= 0:
             raise ValueError(f"max_bytes: must be > 0, got {max_bytes}")
-        out: list[tuple[bytes, int]] = []
-        chunk: list[bytes] = []
-        size = points = 0
-        for data, n in self._resource_metrics():
-            if chunk and size + len(data) > max_bytes:
-                out.append((b"".join(chunk), points))
-                chunk, size, points = [], 0, 0
-            chunk.append(data)
-            size += len(data)
-            points += n
-        if chunk:
-            out.append((b"".join(chunk), points))
-        return out
+        requests, _ = self._encode(max_bytes)
+        return requests
 
     def collect(self) -> metrics_service_pb2.ExportMetricsServiceRequest:
         """Produce one complete ``ExportMetricsServiceRequest`` (see :meth:`collect_serialized`)."""

@@ -36,6 +36,7 @@ Not called on MIG-enabled GPUs, where both APIs are documented unsupported (NVML
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, filterfalse, repeat
@@ -198,13 +199,16 @@ def collect_process_utilization(
         pids = list(compress(pids, keep))
         stamps = list(compress(stamps, keep))
         percents = tuple(list(compress(col, keep)) for col in percents)
-    times = tick.ctx.timebase.to_unix_ns_all(stamps)
-    ratios = [list(map(_HUNDRED.__rtruediv__, percents[i])) for i, _, _ in tasks]
+    # typed columns from C-level iteration: the producer takes them as they are
+    pid_col = array("q", pids)
+    times = array("q", tick.ctx.timebase.to_unix_ns_all(stamps))
+    ratios = [array("d", map(_HUNDRED.__rtruediv__, percents[i])) for i, _, _ in tasks]
     if live_pids is not None:  # running, no sample: idle in the whole window (F27)
         idle = list(filterfalse(samples.sampled.__contains__, live_pids))
         if idle:
-            pids = [*pids, *idle]
-            times = [*times, *repeat(tick.now_ns, len(idle))]
-            ratios = [[*r, *repeat(0.0, len(idle))] for r in ratios]
+            pid_col.extend(idle)
+            times.extend(repeat(tick.now_ns, len(idle)))
+            for r in ratios:
+                r.extend(repeat(0.0, len(idle)))
     for (_, metric, attrs), values in zip(tasks, ratios, strict=True):
-        tick.points.block(metric, attrs, pids, values, times)
+        tick.points.block(metric, attrs, pid_col, values, times)
