@@ -35,11 +35,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import struct
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
-from typing import Any
+from typing import Any, cast
 
 import pynvml
 
@@ -360,13 +361,18 @@ def collect_process_memory(dev: Device, tick: Tick, table: ProcessTable) -> None
             del starts[pid]
     now = tick.now_ns
     pids = table.pids
-    first_seen = list(map(starts.setdefault, pids, repeat(now, len(pids))))
+    first_seen = array("q", map(starts.setdefault, pids, repeat(now, len(pids))))
     if not tick.wants(names.MetricProcessMemoryUsage):
         return
     used = table.used_bytes
     gis, cis = table.gpu_instance_ids, table.compute_instance_ids
     if None not in used and all_none(gis) and all_none(cis):  # the common case: one table
-        tick.points.block(names.MetricProcessMemoryUsage, dev.id_attrs, pids, used, now, first_seen)
+        try:  # typed columns from C-level iteration: the producer takes them as they are
+            used_col: Sequence[Any] = array("q", cast("Sequence[int]", used))  # no None: checked
+        except OverflowError:  # a value int64 cannot hold: the producer refuses it, counted
+            used_col = used
+        metric = names.MetricProcessMemoryUsage
+        tick.points.block(metric, dev.id_attrs, array("q", pids), used_col, now, first_seen)
         return
     groups: dict[tuple[int | None, int | None], tuple[list[int], list[int], list[int]]] = {}
     for pid, mem, gi, ci, start in zip(pids, used, gis, cis, first_seen, strict=True):
