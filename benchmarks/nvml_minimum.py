@@ -15,7 +15,8 @@ old drivers) are not part of the minimum, nor are reads made once per device (st
 properties, the fan count, the power limit constants, GPM support and buffers).
 
 Some sources depend on the device (:class:`Facts`, read from the scenario's device by
-:func:`device_facts`): NVLink state per link and error counters per active link, one speed
+:func:`device_facts`): NVLink state per link, one field-values read for the error counters of
+the active links and one per-link call for each CRC counter of links 12 and up, one speed
 read per fan, one violation read per policy the board reports, and sources the device does not
 support at all, which cost nothing once their first answer disabled them.
 
@@ -45,7 +46,8 @@ class Source:
     cadence: str = "tick"
     per_process: bool = False
     per: str = "device"
-    """``device``, or ``link`` / ``active_link`` / ``fan`` / ``policy`` (calls × that count)."""
+    """``device``, or ``link`` / ``active_link`` / ``active_link_12_up`` / ``fan`` / ``policy``
+    (calls × that count), or ``if_active`` (once when any link is active)."""
     key: str = ""
     """Tells apart reads of one call for different concerns (sampling type, field set)."""
 
@@ -73,7 +75,12 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     "hw.status": (),  # the device state machine: no call of its own
     "hw.errors": (
         Source("nvmlDeviceGetTotalEccErrors", 2, cadence="errors"),
-        Source("nvmlDeviceGetNvLinkErrorCounter", 4, cadence="errors", per="active_link"),
+        # every active link's counters in one field-values read (links 0-11: all four;
+        # 12+: replay and recovery), CRC flit and data of links 12+ by the per-link call
+        Source(
+            "nvmlDeviceGetFieldValues", 1, cadence="errors", per="if_active", key="nvlink_errors"
+        ),
+        Source("nvmlDeviceGetNvLinkErrorCounter", 2, cadence="errors", per="active_link_12_up"),
     ),
     "nvidia.gpu.memory_copy.utilization": (Source("nvmlDeviceGetSamples", 1),),
     "nvidia.gpu.power.limit": (Source("nvmlDeviceGetEnforcedPowerLimit", 1),),
@@ -136,7 +143,8 @@ class Facts:
     """What one device has, where a source's cost depends on it.
 
     Attributes:
-        links: NVLink links (state reads); active_links: links that are up (error reads).
+        links: NVLink links (state reads); active_links: links that are up (error reads);
+        active_links_12_up: those numbered 12 and up (no per-link CRC field: per-link calls).
         fans: fans (speed reads); policies: violation policies the board reports.
         unsupported: catalogue metrics the device does not report at all.
 
@@ -144,6 +152,7 @@ class Facts:
 
     links: int = 0
     active_links: int = 0
+    active_links_12_up: int = 0
     fans: int = 0
     policies: int = 8
     unsupported: frozenset[str] = field(default_factory=frozenset)
@@ -174,11 +183,13 @@ def device_facts(device: Mapping[str, Any]) -> Facts:
     unsupported = {m for key, ms in _MODEL_METRICS.items() if device.get(key) is None for m in ms}
     nvlink = device.get("nvlink") or {}
     links = int(nvlink.get("links", 0))
+    active = [n for n in range(links) if n not in set(nvlink.get("down", ()))]
     fans = device.get("fans_percent")
     violations = device.get("violations_ns") or {}
     return Facts(
         links=links,
-        active_links=links - len(nvlink.get("down", ())),
+        active_links=len(active),
+        active_links_12_up=sum(n >= 12 for n in active),
         fans=len(fans) if fans is not None else int(device.get("fan_percent") is not None),
         policies=sum(v is not None for v in violations.values()),
         unsupported=frozenset(unsupported),
@@ -238,6 +249,8 @@ def minimum_calls(
         "device": 1,
         "link": facts.links,
         "active_link": facts.active_links,
+        "active_link_12_up": facts.active_links_12_up,
+        "if_active": int(facts.active_links > 0),
         "fan": facts.fans,
         "policy": facts.policies,
     }

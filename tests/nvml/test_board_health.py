@@ -1,15 +1,12 @@
 """NVLink, fans, P-state, BAR1, remapped rows, retired pages, violations, encoder sessions and
 power limits: values from the scenario, semconv shapes, unsupported sources, call budget."""
 
-import importlib.util
 import logging
-import sys
 from pathlib import Path
 
+import pynvml
 from gpumetrics.metrics import names
 from gpumetrics.metrics.spec import catalogue
-
-import nvmlsim as sim
 
 STEADY = {"cycle_timeout_s": 60.0}
 ROOT = Path(__file__).resolve().parents[2]
@@ -241,7 +238,18 @@ def test_power_limit_constants_are_read_once(nvml_run, helpers):
 def test_a_link_that_is_down_has_no_error_reads(nvml_run, helpers):
     nvlink = {"links": 3, "down": [1], "errors": {2: {"crc_data": 6}}}
     run = nvml_run(_device(nvlink=nvlink), helpers.settings(**STEADY))
-    run.cycle()
+    asked: list[list] = []
+    real = pynvml.nvmlDeviceGetFieldValues
+
+    def spy(handle, fields):  # records what is asked; the real call (and driver) answers
+        asked.append(list(fields))
+        return real(handle, fields)
+
+    pynvml.nvmlDeviceGetFieldValues = spy
+    try:
+        run.cycle()
+    finally:
+        pynvml.nvmlDeviceGetFieldValues = real
     out = run.output()
     assert [(p.attrs["hw.id"][-1], p.value) for p in out.find(names.MetricNetworkUp)] == [
         ("0", 1),
@@ -253,36 +261,44 @@ def test_a_link_that_is_down_has_no_error_reads(nvml_run, helpers):
         for p in out.find(names.MetricErrors, hw__type="network")
     }
     assert errors == {("0", None, 0), ("2", "crc_data", 6)}
-    assert run.calls("nvmlDeviceGetNvLinkErrorCounter", 0) == 2 * 4
+    # the counters of links 0 and 2 come from one field-values read that names no field of
+    # link 1 (down); no per-link call is needed below link 12
+    (errors_read,) = [f for f in asked if pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L0 in f]
+    link1 = {getattr(pynvml, f"NVML_FI_DEV_NVLINK_{c}_ERROR_COUNT_L1") for c in COUNTERS}
+    assert len(errors_read) == 2 * 4 and not link1 & set(errors_read)
+    assert run.calls("nvmlDeviceGetNvLinkErrorCounter", 0) == 0
 
 
-def _minimum():
-    spec = importlib.util.spec_from_file_location(
-        "nvml_minimum", ROOT / "benchmarks" / "nvml_minimum.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it is executed
-    spec.loader.exec_module(module)
-    return module
+COUNTERS = ("REPLAY", "RECOVERY", "CRC_FLIT", "CRC_DATA")
 
 
-def test_calls_per_cycle_are_the_catalogue_minimum(nvml_run, helpers):
-    minimum = _minimum()
-    assert minimum.check_catalogue() == []
-    data = sim.load_scenario("h100-sxm").model_dump(mode="json", exclude_unset=True)
-    device = data["devices"][0]
-    data["devices"] = [
-        {**device, "uuid": f"GPU-ee000000-0000-4000-8000-00000000000{i}", "index": i}
-        for i in range(2)
-    ]
-    data["driver"]["pcie_window_ms"] = 0
-    settings = helpers.settings(**STEADY)
-    run = nvml_run(data, settings)
-    run.cycle(3)  # discovery, capability answers, static reads, the first GPM sample
-    run.drv.reset_calls()
-    run.cycle(20)  # two errors_interval_s and pcie_interval_s reads among them
-    facts = minimum.device_facts(device)
-    assert facts.links == 18 and facts.fans == 0
-    expected = 20 * minimum.minimum_calls(2, 1, settings, facts)
-    assert sum(run.drv.calls.values()) == expected
+def test_links_without_a_per_link_field_fall_back_to_the_per_link_call(nvml_run, helpers):
+    """Links 12 and up: replay and recovery scoped by link, CRC by nvmlDeviceGetNvLinkErrorCounter;
+    a driver that answers none of the fields: one field read, then the per-link calls."""
+    nvlink = {"links": 14, "errors": {13: {"replay": 3, "crc_flit": 2}, 4: {"recovery": 5}}}
+    run = nvml_run(_device(nvlink=nvlink), helpers.settings(**STEADY))
+    run.cycle()
+    got = {
+        (p.attrs["hw.id"].rsplit(":", 1)[1], p.attrs.get("error.type"), p.value)
+        for p in run.output().find(names.MetricErrors, hw__type="network")
+        if p.attrs.get("error.type")
+    }
+    assert got == {("13", "replay", 3), ("13", "crc_flit", 2), ("4", "recovery", 5)}
+    assert run.calls("nvmlDeviceGetNvLinkErrorCounter", 0) == 2 * 2  # CRC of links 12, 13
+    # one each: the data counters, every link's error counters, the retired pages (first read)
+    assert run.calls("nvmlDeviceGetFieldValues", 0) == 3
+
+
+def test_a_driver_without_the_error_fields_reads_every_counter_per_link(nvml_run, helpers):
+    nvlink = {"links": 2, "errors": {1: {"crc_data": 4}}, "error_fields": False}
+    run = nvml_run(_device(nvlink=nvlink), helpers.settings(**STEADY, errors_interval_s=1.0))
+    run.cycle(2)
+    errors = {
+        (p.attrs["hw.id"].rsplit(":", 1)[1], p.attrs.get("error.type"), p.value)
+        for p in run.output().find(names.MetricErrors, hw__type="network")
+    }
+    assert ("1", "crc_data", 4) in errors and ("0", None, 0) in errors
+    assert run.calls("nvmlDeviceGetNvLinkErrorCounter", 0) == 2 * 2 * 4  # both reads, per link
+    # the error fields answered NOT_SUPPORTED once and are not asked again: 2 data-counter
+    # reads, 1 error-field read, 1 retired-page read (the device has none either)
+    assert run.calls("nvmlDeviceGetFieldValues", 0) == 4

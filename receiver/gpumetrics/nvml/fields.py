@@ -45,9 +45,20 @@ def field_name(field_id: int) -> str:
     return _NAMES.get(field_id, f"field_{field_id}")
 
 
+Field = int | tuple[int, int]
+"""An ``NVML_FI_DEV_*`` id (scope 0), or ``(id, scopeId)`` (a per-link NVLink field: the link)."""
+
+
+def field_label(field: Field) -> str:
+    """``NVML_FI_DEV_…`` name of ``field``, with ``[scope]`` for a scoped one."""
+    if isinstance(field, tuple):
+        return f"{field_name(field[0])}[{field[1]}]"
+    return field_name(field)
+
+
 def read_fields(
-    dev: Device, tick: Tick, purpose: str, fields: Sequence[int]
-) -> dict[int, int | float]:
+    dev: Device, tick: Tick, purpose: str, fields: Sequence[Field]
+) -> dict[Field, int | float]:
     """Read ``fields`` of ``dev`` in one call; return the values of those that answered.
 
     Args:
@@ -55,17 +66,18 @@ def read_fields(
         tick: the tick (telemetry, log).
         purpose: names the read in the capability key (``nvmlDeviceGetFieldValues:<purpose>``),
             so an unusable call for one concern does not disable the others.
-        fields: ``NVML_FI_DEV_*`` ids (scope 0).
+        fields: ``NVML_FI_DEV_*`` ids, or ``(id, scopeId)`` pairs (``nvmlFieldValue_t``'s
+            ``scopeId``, e.g. an NVLink link).
 
     Returns:
-        ``{field id: value}`` for fields that answered SUCCESS; empty when none is left or the
-        call failed.
+        ``{field: value}`` (keyed as requested) for fields that answered SUCCESS; empty when
+        none is left or the call failed.
 
     Raises:
         DeviceLost, LibraryDown: as from the gate.
 
     """
-    dropped: set[int] = dev.state.setdefault("fields_disabled", set())
+    dropped: set[Field] = dev.state.setdefault("fields_disabled", set())
     wanted = [f for f in fields if f not in dropped]
     if not wanted:
         return {}
@@ -74,28 +86,28 @@ def read_fields(
     )
     if values is None:
         return {}
-    out: dict[int, int | float] = {}
+    out: dict[Field, int | float] = {}
     unsupported = []
-    for fv in values:
-        field_id, ret = int(fv.fieldId), int(fv.nvmlReturn)
+    for field, fv in zip(wanted, values, strict=True):  # NVML answers in request order
+        ret = int(fv.nvmlReturn)
         if ret == pynvml.NVML_SUCCESS:
             value = decode_value(int(fv.valueType), fv.value)
             if value is None:
-                dev.calls.drop(FUNCTION, "unknown_value_type", detail=field_name(field_id))
+                dev.calls.drop(FUNCTION, "unknown_value_type", detail=field_label(field))
                 continue
-            out[field_id] = value
+            out[field] = value
             continue
         tick.ctx.telemetry.add(
             NVML_ERRORS,
             1,
             {
-                "nvml.function": f"{FUNCTION}:{field_name(field_id)}",
+                "nvml.function": f"{FUNCTION}:{field_label(field)}",
                 "nvml.return_code": code_name(ret),
             },
         )
         if ret in _DISABLING:
-            dropped.add(field_id)
-            unsupported.append(f"{field_name(field_id)} ({code_name(ret)})")
+            dropped.add(field)
+            unsupported.append(f"{field_label(field)} ({code_name(ret)})")
     if unsupported:
         dev.calls.note(
             FUNCTION, "fields not answered, not asked again on this GPU: " + ", ".join(unsupported)

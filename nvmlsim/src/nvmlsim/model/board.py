@@ -90,7 +90,10 @@ class NvLink(Strict):
     ``data_tx_kib`` / ``data_rx_kib`` are the GPU's cumulative data counters in KiB, all links
     together (``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`` / ``_RX`` field values; a ramp).
     ``errors`` gives error counters per link number (others are 0); the ``…_TOTAL`` error field
-    values are their sums. ``NVML_FI_DEV_NVLINK_LINK_COUNT`` answers ``links``.
+    values are their sums. ``NVML_FI_DEV_NVLINK_LINK_COUNT`` answers ``links``. The per-link
+    error-count fields (``…_ERROR_COUNT_L<n>``, ``…_ERROR_DL_REPLAY`` / ``_DL_RECOVERY`` by
+    scope) answer the same counts unless ``error_fields`` is false (NOT_SUPPORTED: a driver
+    whose field values lack them; ``nvmlDeviceGetNvLinkErrorCounter`` still answers).
     """
 
     links: int = Field(ge=1, le=36)
@@ -98,6 +101,7 @@ class NvLink(Strict):
     data_tx_kib: Dyn = 0
     data_rx_kib: Dyn = 0
     errors: dict[int, NvLinkErrors] = Field(default_factory=dict)
+    error_fields: bool = True
 
     @model_validator(mode="after")
     def _known_links(self) -> NvLink:

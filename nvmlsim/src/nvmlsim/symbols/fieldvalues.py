@@ -7,14 +7,18 @@ NOT_SUPPORTED for fields the device does not report (``NVML_FI_DEV_POWER_*`` wit
 Fields derived from the device's models, unless ``field_values`` names them:
 ``NVML_FI_DEV_NVLINK_LINK_COUNT`` (91), ``…_THROUGHPUT_DATA_TX`` / ``_RX`` (138/139, the GPU's
 cumulative KiB over all links, any scope id), the error totals ``…_CRC_FLIT_ERROR_COUNT_TOTAL``
-(38), ``…_CRC_DATA_…`` (45), ``…_REPLAY_…`` (52), ``…_RECOVERY_…`` (59) from ``nvlink``;
+(38), ``…_CRC_DATA_…`` (45), ``…_REPLAY_…`` (52), ``…_RECOVERY_…`` (59), the per-link counts
+``…_<counter>_ERROR_COUNT_L0`` to ``_L11`` (32-59 and 96-119, as ``nvml.h`` numbers them) and
+``NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY`` / ``_DL_RECOVERY`` (161/162, the link as scope id) from
+``nvlink`` (the counts ``nvmlDeviceGetNvLinkErrorCounter`` gives; a link the GPU does not have
+answers NOT_SUPPORTED);
 ``NVML_FI_DEV_RETIRED_SBE`` / ``_DBE`` / ``_PENDING`` (29/30/31) from ``retired_pages``.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nvmlsim import codes
 from nvmlsim.memio import view
@@ -38,12 +42,38 @@ _KEY = struct.Struct("<II")
 _ULL = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 _UINT = 1  # NVML_VALUE_TYPE_UNSIGNED_INT
 _NVLINK_ERROR_TOTALS = {38: "crc_flit", 45: "crc_data", 52: "replay", 59: "recovery"}
+_NVLINK_ERROR_PER_LINK: dict[int, tuple[str, int]] = {
+    (low + n if n < 6 else high + n - 6): (name, n)
+    for name, low, high in (
+        ("crc_flit", 32, 96),
+        ("crc_data", 39, 102),
+        ("replay", 46, 108),
+        ("recovery", 53, 114),
+    )
+    for n in range(12)
+}
+"""``NVML_FI_DEV_NVLINK_<counter>_ERROR_COUNT_L<n>`` (``nvml.h``: links 0-5 then 6-11) ->
+``(counter, link)``."""
+_NVLINK_ERROR_SCOPED = {161: "replay", 162: "recovery"}
+"""``NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY`` / ``_DL_RECOVERY``: one link's count (scope: the link)."""
 
 
-def _derived(dev: DeviceState, field_id: int, call: Call) -> FieldValue | None:
+def _link_errors(nvlink: Any, counter: str, link: int, call: Call) -> FieldValue | None:
+    if not nvlink.error_fields or not 0 <= link < nvlink.links:
+        return None
+    errors = nvlink.errors.get(link)
+    value = round(evaluate(getattr(errors, counter), call.t, call.cycle)) if errors else 0
+    return FieldValue(value=value)
+
+
+def _derived(dev: DeviceState, field_id: int, scope: int, call: Call) -> FieldValue | None:
     """Return the value of a field the device's models answer, or None (NOT_SUPPORTED)."""
     nvlink, retired = dev.spec.nvlink, dev.spec.retired_pages
     if nvlink is not None:
+        if field_id in _NVLINK_ERROR_PER_LINK:
+            return _link_errors(nvlink, *_NVLINK_ERROR_PER_LINK[field_id], call)
+        if field_id in _NVLINK_ERROR_SCOPED:
+            return _link_errors(nvlink, _NVLINK_ERROR_SCOPED[field_id], scope, call)
         if field_id == 91:
             return FieldValue(value=nvlink.links, value_type=_UINT)
         if field_id in (138, 139):
@@ -71,7 +101,7 @@ def _field_values(
         field_id, scope = _KEY.unpack_from(memory, offset)  # type: ignore[arg-type]
         spec = target.spec.field_values.get(field_id)
         if spec is None:
-            spec = _derived(target, field_id, call)
+            spec = _derived(target, field_id, scope, call)
         if spec is None or (spec.scope_id is not None and spec.scope_id != scope):
             row = (field_id, scope, 0, 0, 0, codes.NOT_SUPPORTED, bytes(8))
         else:
