@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpumetrics.config import ConfigError, SidecarConfig
 from gpumetrics.config.model import batch_cap
@@ -41,7 +41,6 @@ from gpumetrics.identity import (
     load_relabel_configs,
     new_process_resourcer,
 )
-from gpumetrics.kubernetes import PodAttribution
 from gpumetrics.metrics import Producer
 from gpumetrics.nvml.context import DEFAULT_PID_MAX
 from gpumetrics.runtime.batcher import Batcher
@@ -55,8 +54,11 @@ from gpumetrics.runtime.summary import NvmlFacts, StartupSummary
 from gpumetrics.selftelemetry import SelfTelemetry, Telemetry, WithAttributes
 from gpumetrics.service import ListenError, ServerSettings, SidecarHealth, SidecarServer
 from gpumetrics.service.errors import SettingError
-from gpumetrics.service.push import LOGS, METRICS, PushExporter, Signal
 from gpumetrics.store import BatchStore
+
+if TYPE_CHECKING:  # imported where they are configured: an idle subsystem costs no memory
+    from gpumetrics.kubernetes.attribution import PodAttribution
+    from gpumetrics.service.push import PushExporter
 
 __all__ = ["CollectorLike", "Sidecar", "SidecarParts", "default_collector_factory"]
 
@@ -252,6 +254,8 @@ class Sidecar:
         producer.set_process_resourcer(resourcer)
         attribution = None
         if config.kubernetes.enabled(in_k8s):
+            from gpumetrics.kubernetes.attribution import PodAttribution  # only in Kubernetes
+
             attribution = PodAttribution(config.kubernetes, telemetry)
             producer.set_device_attribution(attribution)
         store = BatchStore(
@@ -289,7 +293,7 @@ class Sidecar:
             push = _push_exporter(store, config, telemetry)
             if logs_store is not None:
                 push_logs = _push_exporter(
-                    logs_store, config, WithAttributes(telemetry, {"signal": "logs"}), LOGS
+                    logs_store, config, WithAttributes(telemetry, {"signal": "logs"}), "logs"
                 )
         return SidecarParts(
             telemetry,
@@ -483,7 +487,7 @@ def _relabel_rules(path: str | None, mode: IdentityMode) -> Any:
 
 
 def _push_exporter(
-    store: BatchStore, config: SidecarConfig, telemetry: SelfTelemetry, signal: Signal = METRICS
+    store: BatchStore, config: SidecarConfig, telemetry: SelfTelemetry, signal: str = "metrics"
 ) -> PushExporter:
     """Build a push exporter of ``signal``; a certificate file it cannot read names its setting.
 
@@ -491,8 +495,12 @@ def _push_exporter(
         ConfigError: naming ``push.ca_file``, ``push.cert_file`` or ``push.key_file``.
 
     """
+    from gpumetrics.service.push import LOGS, METRICS, PushExporter  # only when push is configured
+
     try:
-        return PushExporter(store, config.push, telemetry=telemetry, signal=signal)
+        return PushExporter(
+            store, config.push, telemetry=telemetry, signal=LOGS if signal == "logs" else METRICS
+        )
     except OSError as exc:
         files = ("ca_file", "cert_file", "key_file")
         setting = next((f for f in files if getattr(config.push, f) == exc.filename), None)
