@@ -239,7 +239,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
     def StreamDeclarations(  # noqa: N802
         self, request_iterator: Iterator[profiler_pb2.StreamDeclarationsRequest], context: Any
     ) -> Iterator[profiler_pb2.StreamDeclarationsResponse]:
-        """Answer every event with one response, in order.
+        """Answer every event with one response, in order (a ``DeclareBatch`` is one event).
 
         A resynchronisation belongs to the stream that began it: another stream of the same
         declarer (an agent that reconnected while its old stream is still open) neither ends nor
@@ -270,10 +270,15 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
                 stream.begin()
             elif kind == "resync_end":
                 return resp(accepted=True, released=stream.end())
+            elif kind == "declare_batch":
+                return self._declare_batch(event.declare_batch.processes, declarer)
             else:
                 return resp(
                     rejection=self._rejection(
-                        0, 0, "", _Problem("event", "no event set (declare, exit, resync_*)")
+                        0,
+                        0,
+                        "",
+                        _Problem("event", "no event set (declare, declare_batch, exit, resync_*)"),
                     )
                 )
         except ValueError as exc:
@@ -281,6 +286,32 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
             prefix = kind if kind in ("declare", "exit") else ""
             return resp(rejection=self._rejection(0, pid, prefix, exc))
         return resp(accepted=True)
+
+    def _declare_batch(
+        self, processes: Sequence[profiler_pb2.ProcessDeclaration], declarer: str
+    ) -> profiler_pb2.StreamDeclarationsResponse:
+        """Apply one ``DeclareBatch``: each entry as a ``declare`` event; one answer for all.
+
+        More than ``max_entries`` entries is refused whole (field ``declare_batch.processes``,
+        nothing applied); the stream goes on.
+        """
+        resp = profiler_pb2.StreamDeclarationsResponse
+        n = len(processes)
+        if n > self._max_entries:
+            problem = _Problem(
+                "declare_batch.processes",
+                f"{n} entries exceed the limit of {self._max_entries} per batch "
+                "(server.max_declarations_per_request); send smaller batches",
+            )
+            return resp(rejection=self._rejection(0, 0, "", problem))
+        rejections = []
+        declare = self._declared.declare
+        for i, d in enumerate(processes):
+            try:
+                declare(*_args(d), declarer=declarer)
+            except ValueError as exc:
+                rejections.append(self._rejection(i, d.pid, f"declare_batch.processes[{i}]", exc))
+        return resp(accepted=not rejections, declared=n - len(rejections), rejections=rejections)
 
     def _publish(self) -> None:
         self._telemetry.set("gpumetrics.declarations", len(self._declared))
