@@ -7,6 +7,7 @@ from pathlib import Path
 import pynvml
 from gpumetrics.metrics import names
 from gpumetrics.metrics.spec import catalogue
+from gpumetrics.nvml import records
 
 STEADY = {"cycle_timeout_s": 60.0}
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,17 +240,17 @@ def test_a_link_that_is_down_has_no_error_reads(nvml_run, helpers):
     nvlink = {"links": 3, "down": [1], "errors": {2: {"crc_data": 6}}}
     run = nvml_run(_device(nvlink=nvlink), helpers.settings(**STEADY))
     asked: list[list] = []
-    real = pynvml.nvmlDeviceGetFieldValues
+    real = records.field_values
 
-    def spy(handle, fields):  # records what is asked; the real call (and driver) answers
+    def spy(handle, fields, buffers):  # records what is asked; the real call (and driver) answers
         asked.append(list(fields))
-        return real(handle, fields)
+        return real(handle, fields, buffers)
 
-    pynvml.nvmlDeviceGetFieldValues = spy
+    records.field_values = spy
     try:
         run.cycle()
     finally:
-        pynvml.nvmlDeviceGetFieldValues = real
+        records.field_values = real
     out = run.output()
     assert [(p.attrs["hw.id"][-1], p.value) for p in out.find(names.MetricNetworkUp)] == [
         ("0", 1),

@@ -81,9 +81,9 @@ def _tee(run: Any, reference: Producer) -> None:
     """Commit a copy of everything the collector commits to ``reference`` as well."""
     real = run.prod.commit
 
-    def commit(points: Any) -> Any:
-        reference.commit(copy.deepcopy(points))
-        return real(points)
+    def commit(*tables: Any) -> Any:
+        reference.commit(*copy.deepcopy(tables))
+        return real(*tables)
 
     run.prod.commit = commit
 

@@ -126,7 +126,7 @@ def framing(draw: Any) -> tuple[Any, ...]:
                 runs.append((p, len(blob), len(blob) + len(dp), 1))
                 blob += dp
         metrics.append((b"\x0a\x01" + bytes([0x61 + k]) + b"\x2a", b"", blob, runs))
-    first = draw(st.one_of(st.none(), st.just(b"\x0a\x00")))
+    first = draw(st.one_of(st.none(), st.just([b"\x0a\x00"]), st.just([b"\x0a", b"\x00"])))
     return first, 0, kept, resources, b"\x0a\x00", b"", metrics, draw(st.integers(1, 64))
 
 

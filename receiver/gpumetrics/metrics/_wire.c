@@ -18,7 +18,8 @@
  *                   max_bytes) -> [(bytes, points)]
  *       One ResourceMetrics entry per pid (its resource, one ScopeMetrics holding one Metric
  *       per metric that has a run for it), packed in order into requests of at most
- *       max_bytes (a resource alone may exceed it), after `first` (the host's entry).
+ *       max_bytes (a resource alone may exceed it), after `first` (the host's entry, given as
+ *       the list of its pieces: written once, never joined first).
  *
  * Columns are any C-contiguous buffer with the item size and format named below (array('q'),
  * array('d'), array('I')); every 64-bit field is written little-endian, as the protobuf wire
@@ -288,9 +289,19 @@ static PyObject *frame_resources(PyObject *self, PyObject *args) {
                           &PyList_Type, &metrics, &max_bytes)) {
         return NULL;
     }
-    if (first != Py_None && !PyBytes_Check(first)) {
-        PyErr_SetString(PyExc_TypeError, "first: bytes or None is needed");
-        return NULL;
+    Py_ssize_t first_len = 0;
+    if (first != Py_None) {
+        if (!PyList_Check(first)) {
+            PyErr_SetString(PyExc_TypeError, "first: a list of bytes or None is needed");
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(first); i++) {
+            if (!PyBytes_Check(PyList_GET_ITEM(first, i))) {
+                PyErr_SetString(PyExc_TypeError, "first: a list of bytes or None is needed");
+                return NULL;
+            }
+            first_len += PyBytes_GET_SIZE(PyList_GET_ITEM(first, i));
+        }
     }
     Py_ssize_t np = PyList_GET_SIZE(pids), nm = PyList_GET_SIZE(metrics);
     if (PyList_GET_SIZE(resources) != np) {
@@ -362,7 +373,6 @@ static PyObject *frame_resources(PyObject *self, PyObject *args) {
         Py_ssize_t rm = PyBytes_GET_SIZE(res) + 1 + vlen((uint64_t)sm) + sm;
         sizes[p] = 1 + vlen((uint64_t)rm) + rm;
     }
-    Py_ssize_t first_len = first == Py_None ? 0 : PyBytes_GET_SIZE(first);
     Py_ssize_t p = 0, total;
     int first_pending = first_len > 0;
     while (first_pending || p < np) {  /* pass 2: requests of whole resources, written */
@@ -378,7 +388,10 @@ static PyObject *frame_resources(PyObject *self, PyObject *args) {
         if (data == NULL) goto fail;
         char *o = PyBytes_AS_STRING(data);
         if (first_pending) {
-            o = put_bytes(o, PyBytes_AS_STRING(first), first_len);
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(first); i++) {
+                PyObject *piece = PyList_GET_ITEM(first, i);
+                o = put_bytes(o, PyBytes_AS_STRING(piece), PyBytes_GET_SIZE(piece));
+            }
             first_pending = 0;
         }
         for (; p < q; p++) {

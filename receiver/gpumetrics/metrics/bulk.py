@@ -49,10 +49,11 @@ __all__ = [
     "encode_columns",
     "ProcessMetric",
     "encode_process_metrics",
+    "metric_pieces",
+    "scope_pieces",
     "frame_resources",
     "kernels_in_use",
     "use_kernels",
-    "len_field",
     "resource_bytes",
     "scope_bytes",
 ]
@@ -198,6 +199,42 @@ def _mixed_points(mc: MetricColumns, heads: tuple[PointHeads, PointHeads]) -> by
     return b"".join(out)
 
 
+def metric_pieces(
+    mc: MetricColumns, metric_heads: MetricHeads, heads: tuple[PointHeads, PointHeads]
+) -> list[bytes]:
+    """Return one serialized ``Metric`` (see :func:`encode_columns`) as its pieces, unjoined.
+
+    A batch's messages are joined once, into the request (``kernels.frame_resources``): a large
+    message joined at every level of nesting would be copied, and its new pages faulted in, as
+    many times.
+
+    Raises:
+        EncodingError: naming the metric, when an attribute cannot be encoded.
+
+    """
+    spec = mc.spec
+    header, trailer = metric_heads.of(spec)
+    try:
+        data = _points(mc, heads)
+    except (EncodingError, ValueError, struct.error) as exc:
+        raise EncodingError(f"metric {spec.name!r}: {exc}") from None
+    return [header, varint(len(data) + len(trailer)), data, trailer]
+
+
+def scope_pieces(scope: tuple[bytes, bytes], metrics: list[list[bytes]]) -> list[bytes]:
+    """Return one ``ScopeMetrics`` as pieces.
+
+    Its scope, each of ``metrics`` (the pieces of one ``Metric``) as field 2, its schema URL.
+    """
+    head, tail = scope
+    out = [head]
+    for m in metrics:
+        out.append(b"\x12" + varint(sum(map(len, m))))
+        out.extend(m)
+    out.append(tail)
+    return out
+
+
 def encode_columns(
     mc: MetricColumns, metric_heads: MetricHeads, heads: tuple[PointHeads, PointHeads]
 ) -> bytes:
@@ -213,13 +250,7 @@ def encode_columns(
         EncodingError: naming the metric, when an attribute cannot be encoded.
 
     """
-    spec = mc.spec
-    header, trailer = metric_heads.of(spec)
-    try:
-        data = _points(mc, heads)
-    except (EncodingError, ValueError, struct.error) as exc:
-        raise EncodingError(f"metric {spec.name!r}: {exc}") from None
-    return header + varint(len(data) + len(trailer)) + data + trailer
+    return b"".join(metric_pieces(mc, metric_heads, heads))
 
 
 ProcessMetric = tuple[bytes, bytes, bytes, list[tuple[int, int, int, int]]]
@@ -263,7 +294,7 @@ def encode_process_metrics(
 
 
 def frame_resources(
-    first: bytes | None,
+    first: list[bytes] | None,
     first_points: int,
     pids: list[int],
     resources: list[bytes],
@@ -353,8 +384,3 @@ def resource_bytes(attributes: Iterable[tuple[str, Any]]) -> bytes:
     if not len(res.attributes):
         return b""
     return len_field(1, res.SerializeToString())
-
-
-def scope_metrics(head: bytes, metrics: Iterable[bytes], tail: bytes) -> bytes:
-    """Return one serialized ``ScopeMetrics``: ``head``, each metric as field 2, ``tail``."""
-    return head + b"".join(len_field(2, m) for m in metrics) + tail

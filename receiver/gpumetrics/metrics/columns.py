@@ -45,9 +45,12 @@ __all__ = [
 ]
 
 
+_INT = ValueType.INT  # (an enum class attribute costs a lookup through its metaclass)
+
+
 def value_code(spec: MetricSpec) -> str:
     """Return the ``array`` type code of a metric's values: ``q`` (int64) or ``d`` (double)."""
-    return "q" if spec.value_type is ValueType.INT else "d"
+    return "q" if spec.value_type is _INT else "d"
 
 
 def _number_ok(value: Any, int_only: bool) -> bool:

@@ -146,7 +146,7 @@ Run = tuple[int, int, int, int]
 
 
 def frame_resources(
-    first: bytes | None,
+    first: list[bytes] | None,
     first_points: int,
     pids: list[int],
     resources: list[bytes],
@@ -158,8 +158,8 @@ def frame_resources(
     """Frame per-process ``ResourceMetrics`` and pack them into requests.
 
     Args:
-        first: the first ``resource_metrics`` field (the host's, serialized with its tag), or
-            None.
+        first: the first ``resource_metrics`` field (the host's, serialized with its tag) as
+            the list of its pieces, written in order (never joined on their own), or None.
         first_points: the data points in ``first``.
         pids: the processes to write, ascending.
         resources: each pid's ``resource`` field (serialized with its tag).
@@ -177,7 +177,7 @@ def frame_resources(
     """
     entries: list[tuple[bytes, int]] = []
     if first:
-        entries.append((first, first_points))
+        entries.append((b"".join(first), first_points))
     cursors = [0] * len(metrics)
     for pid, resource in zip(pids, resources, strict=True):
         body: list[bytes] = []

@@ -37,7 +37,7 @@ from gpumetrics.metrics.columns import (
     check,
 )
 from gpumetrics.metrics.spec import MetricSpec, Scope, catalogue
-from gpumetrics.wire import len_field
+from gpumetrics.wire import varint
 
 if TYPE_CHECKING:  # selftelemetry builds on this package; importing it here would be circular
     from gpumetrics.selftelemetry import SelfTelemetry
@@ -172,38 +172,40 @@ class Producer:
 
     # -- recording ------------------------------------------------------------------------------
 
-    def commit(self, points: Points) -> tuple[int, int]:
-        """Add one device tick's points to the batch; return ``(added, refused)``.
+    def commit(self, *tables: Points) -> tuple[int, int]:
+        """Add device ticks' points to the batch, in order; return ``(added, refused)``.
 
         Each column and block is checked as a whole (``columns.check``'s rules, the rules of
         ``MetricBuffer.add``); points that break one are left out and counted in ``refused``,
         together with those their reader could not add (``Points.refused``). Per-process rows
         go to their process's resource; a pid that is not positive is refused.
         """
-        refused = points.refused
-        added = 0
+        refused = added = 0
+        specs = self._specs
         with self._lock:
             host = self._batch.host
-            for name, mc in points.host.items():
-                if name not in self._specs:
-                    refused += len(mc)
-                    continue
-                refused += check(mc)
-                dst = host.get(name)
-                if dst is None:
-                    host[name] = mc  # the tick's columns become the batch's
-                else:
-                    dst.extend(mc)
-                added += len(mc)
-            for block in points.blocks:
-                if block.spec.name not in self._specs:
-                    refused += len(block)
-                    continue
-                bad = block.refused()
-                if bad:
-                    refused += len(bad)
-                    block = block.without(bad)
-                added += self._batch.process_columns(block.spec).add_block(block)
+            for points in tables:
+                refused += points.refused
+                for name, mc in points.host.items():
+                    if name not in specs:
+                        refused += len(mc)
+                        continue
+                    refused += check(mc)
+                    dst = host.get(name)
+                    if dst is None:
+                        host[name] = mc  # the tick's columns become the batch's
+                    else:
+                        dst.extend(mc)
+                    added += len(mc)
+                for block in points.blocks:
+                    if block.spec.name not in specs:
+                        refused += len(block)
+                        continue
+                    bad = block.refused()
+                    if bad:
+                        refused += len(bad)
+                        block = block.without(bad)
+                    added += self._batch.process_columns(block.spec).add_block(block)
         return added, refused
 
     def record_host(self, fn: Callable[[MetricBuffer], T]) -> T:
@@ -258,24 +260,24 @@ class Producer:
         if refused and self._telemetry is not None:
             self._telemetry.add("gpumetrics.values.dropped", refused, {"reason": "invalid_point"})
 
-    def _encode_metrics(self, rc: ResourceColumns) -> list[bytes]:
+    def _encode_metrics(self, rc: ResourceColumns) -> list[list[bytes]]:
         disabled = self._disabled
         return [
-            bulk.encode_columns(mc, self._metric_heads, self._point_heads)
+            bulk.metric_pieces(mc, self._metric_heads, self._point_heads)
             for name, mc in rc.items()
             if len(mc) and name not in disabled
         ]
 
     def _encode(
         self, max_bytes: int, with_self: bool = True
-    ) -> tuple[list[tuple[bytes, int]], list[bytes]]:
+    ) -> tuple[list[tuple[bytes, int]], list[list[bytes]]]:
         """Drain the batch into serialized requests of at most ``max_bytes`` each.
 
         Returns:
             ``([(request bytes, points)], host GPU metrics)``: the requests (the host resource
             first, carrying the GPU metrics scope and, when configured, the
             ``gpumetrics.self`` scope, left out when it has nothing to carry; then one
-            resource per process, by pid) and the host's GPU ``Metric`` messages.
+            resource per process, by pid) and the host's GPU ``Metric`` messages (as pieces).
 
         """
         batch, resourcer = self._drain()
@@ -307,26 +309,31 @@ class Producer:
             ), host
 
     def _host_resource_metrics(
-        self, host: list[bytes], with_self: bool
-    ) -> tuple[bytes, int] | None:
-        """Return the host's ``resource_metrics`` field and its self-telemetry points, or None."""
-        scopes = []
+        self, host: list[list[bytes]], with_self: bool
+    ) -> tuple[list[bytes], int] | None:
+        """Return the host's ``resource_metrics`` field (its pieces) and self-telemetry points.
+
+        None when the host resource has nothing to carry.
+        """
+        scopes: list[list[bytes]] = []
         n_self = 0
         if host:
-            head, tail = self._scope_parts
-            scopes.append(len_field(2, bulk.scope_metrics(head, host, tail)))
+            scopes.append(bulk.scope_pieces(self._scope_parts, host))
         if with_self and self._self_telemetry is not None:
             tmp = metrics_pb2.ScopeMetrics()
             n_self = self._self_telemetry.render(tmp.metrics)
             if n_self:
-                head, tail = self._self_scope_parts
-                rendered = [m.SerializeToString() for m in tmp.metrics]
-                scopes.append(len_field(2, bulk.scope_metrics(head, rendered, tail)))
+                rendered = [[m.SerializeToString()] for m in tmp.metrics]
+                scopes.append(bulk.scope_pieces(self._self_scope_parts, rendered))
         if not scopes:
             return None
         if self._host_resource is None:
             self._host_resource = bulk.resource_bytes(self._host_attributes.items())
-        return len_field(1, self._host_resource + b"".join(scopes)), n_self
+        pieces = [self._host_resource]
+        for scope in scopes:
+            pieces.append(b"\x12" + varint(sum(map(len, scope))))
+            pieces.extend(scope)
+        return [b"\x0a" + varint(sum(map(len, pieces))), *pieces], n_self
 
     def _process_resources(
         self, metrics: list[bulk.ProcessMetric], resourcer: ProcessResourcer | None
@@ -371,8 +378,8 @@ class Producer:
 
         """
         requests, host = self._encode(_UNBOUNDED, with_self=False)
-        for data in host:
-            host_metrics.add().ParseFromString(data)
+        for pieces in host:
+            host_metrics.add().ParseFromString(b"".join(pieces))
         n = 0
         for data, points in requests:
             request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)

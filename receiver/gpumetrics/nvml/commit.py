@@ -11,13 +11,13 @@ annotation, :mod:`gpumetrics.metrics.attribution`). The producer checks every co
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from gpumetrics.metrics import names
 from gpumetrics.metrics.producer import Producer
 from gpumetrics.nvml.context import Points
 from gpumetrics.nvml.device import Device
-from gpumetrics.nvml.state import HealthState
+from gpumetrics.nvml.state import STATES
 from gpumetrics.selftelemetry import SelfTelemetry
 
 _GPU_TYPE = ((names.AttrHwType, names.HwTypeGPU),)
@@ -53,16 +53,15 @@ def commit(
     producer: Producer,
     telemetry: SelfTelemetry,
     devices: list[Device],
-    points: Points,
+    points: Sequence[Points],
     now_ns: int,
 ) -> int:
-    """Record ``points`` and ``hw.status`` of ``devices`` into ``producer``; return the count."""
+    """Record ``points`` (each device's) and ``hw.status`` of ``devices``; return the count."""
     all_devices = with_instances(devices)
     first = Points(producer.specs)  # hw.status and allocations lead the host resource
     status_points(all_devices, now_ns, first)
     allocation_points(all_devices, now_ns, first)
-    first.extend(points)
-    added, refused = producer.commit(first)
+    added, refused = producer.commit(first, *points)
     if refused:
         telemetry.add("gpumetrics.values.dropped", refused, {"reason": "invalid_point"})
     publish_devices(telemetry, all_devices)
@@ -71,7 +70,7 @@ def commit(
 
 def publish_devices(telemetry: SelfTelemetry, devices: Iterable[Device]) -> None:
     """Set ``gpumetrics.devices{hw.state}`` (every state, MIG instances included)."""
-    counts = {s.value: 0 for s in HealthState}
+    counts = {s.value: 0 for s in STATES}
     for d in devices:
         counts[d.health.state.value] += 1
     telemetry.replace(

@@ -8,9 +8,10 @@ the id) is left out of this device's later requests until the next NVML init, co
 INFO line per call that found some, so a device without NVLink costs one call and one line,
 not a warning per field per tick. When no requested field is left, no call is made.
 
-Values are decoded through the union member their ``valueType`` names
-(:func:`gpumetrics.nvml.samples.decode_value`); an unknown type drops the field's value for
-this read (``unknown_value_type``).
+Values are decoded through the union member their ``valueType`` names; an unknown type drops
+the field's value for this read (``unknown_value_type``). The call goes to the C symbol with
+the device's kept ``nvmlFieldValue_t`` array, decoded with ``struct``
+(:func:`gpumetrics.nvml.records.field_values`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from collections.abc import Sequence
 
 import pynvml
 
+from gpumetrics.nvml import records
 from gpumetrics.nvml.calls import NVML_ERRORS
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.device import Device
 from gpumetrics.nvml.query import code_name
-from gpumetrics.nvml.samples import decode_value
 
 FUNCTION = "nvmlDeviceGetFieldValues"
 _DISABLING = frozenset(
@@ -82,16 +83,14 @@ def read_fields(
     if not wanted:
         return {}
     values = dev.calls.get(
-        f"{FUNCTION}:{purpose}", FUNCTION, pynvml.nvmlDeviceGetFieldValues, dev.handle, wanted
+        f"{FUNCTION}:{purpose}", FUNCTION, records.field_values, dev.handle, wanted, dev.records
     )
     if values is None:
         return {}
     out: dict[Field, int | float] = {}
     unsupported = []
-    for field, fv in zip(wanted, values, strict=True):  # NVML answers in request order
-        ret = int(fv.nvmlReturn)
+    for field, (ret, value) in zip(wanted, values, strict=True):  # NVML answers in order
         if ret == pynvml.NVML_SUCCESS:
-            value = decode_value(int(fv.valueType), fv.value)
             if value is None:
                 dev.calls.drop(FUNCTION, "unknown_value_type", detail=field_label(field))
                 continue
