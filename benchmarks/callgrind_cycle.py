@@ -9,9 +9,11 @@ ctypes' call into a Python callback, which is how nvidia-ml-py reaches the simul
 cycle counts; the difference between the counts, divided by the cycles between them, is one
 1 s cycle with a tenth of its 10 s batch, without the start-up both runs share.
 
+``--kernels`` picks the bulk encoder's inner loops as in ``collection_bench``.
+
 Run: ``python -m benchmarks.callgrind_cycle [--gpus 8] [--processes-per-gpu 8]
-[--cycles 10,30]`` (about 1-2 minutes per run at 8 x 8 under valgrind). Prints and emits
-``instructions per cycle``: ``ours``, ``driver``, their ratio.
+[--cycles 10,30] [--kernels auto]`` (about 1-2 minutes per run at 8 x 8 under valgrind).
+Prints and emits ``instructions per cycle``: ``ours``, ``driver``, their ratio.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import emit, machine  # noqa: E402
+from benchmarks.harness import KERNEL_CHOICES, emit, machine, select_kernels  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _TOTAL = re.compile(r"^summary:\s+(\d+)", re.M)
@@ -56,7 +58,7 @@ def workload(gpus: int, processes: int, cycles: int) -> None:
         sim.uninstall()
 
 
-def instructions(gpus: int, processes: int, cycles: int, driver: bool) -> int:
+def instructions(gpus: int, processes: int, cycles: int, driver: bool, kernels: str) -> int:
     """Instructions callgrind counts for one run: ours (``driver`` False) or the driver's."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -65,7 +67,7 @@ def instructions(gpus: int, processes: int, cycles: int, driver: bool) -> int:
             "--toggle-collect=_CallPythonObject",
             f"--collect-atstart={'no' if driver else 'yes'}",
             sys.executable, "-m", "benchmarks.callgrind_cycle", "--child",
-            f"{gpus},{processes},{cycles}",
+            f"{gpus},{processes},{cycles}", "--kernels", kernels,
         ]  # fmt: skip
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=3600,
                        env=os.environ)  # fmt: skip
@@ -82,21 +84,24 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--processes-per-gpu", type=int, default=8)
     ap.add_argument("--cycles", default="10,30", help="two cycle counts (their difference counts)")
+    ap.add_argument("--kernels", choices=KERNEL_CHOICES, default="auto")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    kernels = select_kernels(args.kernels)
     if args.child:
         gpus, processes, cycles = (int(v) for v in args.child.split(","))
         workload(gpus, processes, cycles)
         return 0
     low, high = (int(v) for v in args.cycles.split(","))
     g, p = args.gpus, args.processes_per_gpu
-    ours = [instructions(g, p, n, driver=False) for n in (low, high)]
-    drv = [instructions(g, p, n, driver=True) for n in (low, high)]
+    ours = [instructions(g, p, n, False, args.kernels) for n in (low, high)]
+    drv = [instructions(g, p, n, True, args.kernels) for n in (low, high)]
     per = high - low
     ours_pc, drv_pc = (ours[1] - ours[0]) / per, (drv[1] - drv[0]) / per
     print(
         f"{g} GPUs x {p} processes: {ours_pc / 1e6:.2f} M instructions per cycle ours, "
-        f"{drv_pc / 1e6:.2f} M inside the simulated driver: ours/driver {ours_pc / drv_pc:.2f}"
+        f"{drv_pc / 1e6:.2f} M inside the simulated driver: ours/driver {ours_pc / drv_pc:.2f} "
+        f"(kernels: {kernels})"
     )
     emit(
         "callgrind_cycle",
@@ -108,6 +113,7 @@ def main() -> int:
             "ours_per_cycle": ours_pc,
             "driver_per_cycle": drv_pc,
             "ratio": ours_pc / drv_pc,
+            "kernels": kernels,
         },
     )
     return 0

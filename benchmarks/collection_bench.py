@@ -26,7 +26,11 @@ the sidecar's batcher runs it):
 ``cpu ms`` = collect + batch / 10; ``sim ms`` the simulator's CPU
 (``SimDriver.cpu_in_driver_s``, both parts), ``ours`` the rest.
 
-Run: ``python benchmarks/collection_bench.py [--cycles 30] [--scale]``.
+``--kernels python`` encodes with the pure-Python kernels of the bulk encoder, ``compiled``
+with ``_wire.c`` (default ``auto``: the compiled ones where they were built); the result says
+which (``kernels``).
+
+Run: ``python benchmarks/collection_bench.py [--cycles 30] [--scale] [--kernels auto]``.
 """
 
 from __future__ import annotations
@@ -49,7 +53,13 @@ from gpumetrics.selftelemetry import Telemetry  # noqa: E402
 from gpumetrics.store import BatchStore  # noqa: E402
 
 import nvmlsim as sim  # noqa: E402
-from benchmarks.harness import emit, machine, node_scenario  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    KERNEL_CHOICES,
+    emit,
+    machine,
+    node_scenario,
+    select_kernels,
+)
 from benchmarks.nvml_minimum import device_facts, minimum_calls  # noqa: E402
 from benchmarks.workload import sizing_node  # noqa: E402
 
@@ -158,8 +168,9 @@ def measure_scale(processes: int, batches: int, gpus: int = 8) -> dict[str, floa
     }
 
 
-def scale(batches: int, sizes: tuple[int, ...] = SCALE) -> None:
+def scale(batches: int, sizes: tuple[int, ...] = SCALE, kernels: str = "auto") -> None:
     """Print the scale series (and its JSON result line)."""
+    print(f"kernels: {kernels}")
     print(
         f"{'gpus':>4} {'procs/gpu':>9} {'procs':>6} {'cpu ms':>8} {'sim ms':>8} {'ours ms':>8} "
         f"{'collect':>8} {'batch/10':>8} {'points':>7} {'us/proc':>7}"
@@ -174,7 +185,10 @@ def scale(batches: int, sizes: tuple[int, ...] = SCALE) -> None:
             flush=True,
         )
         rows.append({"gpus": 8, "processes_per_gpu": processes, **r})
-    emit("collection_scale", {"machine": machine(), "batches": batches, "rows": rows})
+    emit(
+        "collection_scale",
+        {"machine": machine(), "batches": batches, "kernels": kernels, "rows": rows},
+    )
 
 
 def main() -> None:
@@ -190,11 +204,14 @@ def main() -> None:
         metavar="N,M",
         help="processes per GPU of the --scale rows (default 64,256,512,2048)",
     )
+    parser.add_argument("--kernels", choices=KERNEL_CHOICES, default="auto")
     args = parser.parse_args()
+    kernels = select_kernels(args.kernels)
     if args.scale:
-        scale(args.batches, args.sizes)
+        scale(args.batches, args.sizes, kernels)
         return
     rows = []
+    print(f"kernels: {kernels}")
     print(
         f"{'gpus':>4} {'procs/gpu':>9} {'cpu ms':>8} {'sim ms':>8} {'ours ms':>8} "
         f"{'encode ms':>9} {'calls':>7} {'min':>7} {'points':>7}"
@@ -208,7 +225,10 @@ def main() -> None:
                 f"{r['min']:>7.1f} {r['points']:>7.0f}"
             )
             rows.append({"gpus": gpus, "processes_per_gpu": processes, **r})
-    emit("collection", {"machine": machine(), "cycles": args.cycles, "rows": rows})
+    emit(
+        "collection",
+        {"machine": machine(), "cycles": args.cycles, "kernels": kernels, "rows": rows},
+    )
 
 
 if __name__ == "__main__":
