@@ -12,13 +12,14 @@ by several metrics (one ``nvmlDeviceGetMemoryInfo`` for usage, limit and utilisa
 once. Sources on a slow cadence (PCIe, ECC) count ``interval_s / cadence`` per cycle.
 Fallbacks (the utilisation/power snapshots read only when a sample buffer is empty, v1 calls on
 old drivers) are not part of the minimum, nor are reads made once per device (static
-properties, the fan count, the power limit constants, GPM support and buffers).
+properties, the fan count, the power limit constants, GPM support and buffers), nor the
+per-link calls that stand in for a field the driver does not answer.
 
 Some sources depend on the device (:class:`Facts`, read from the scenario's device by
-:func:`device_facts`): NVLink state per link, one field-values read for the error counters of
-the active links and one per-link call for each CRC counter of links 12 and up, one speed
-read per fan, one violation read per policy the board reports, and sources the device does not
-support at all, which cost nothing once their first answer disabled them.
+:func:`device_facts`): one field-values read for the state of every NVLink link, one for the
+error counters of the active links and one per-link call for each CRC counter of links 12 and
+up, one speed read per fan, one violation read per policy the board reports, and sources the
+device does not support at all, which cost nothing once their first answer disabled them.
 
 :func:`check_catalogue` keeps the table honest: every GPU metric of the catalogue must be
 in it, and every C call named for it must appear in that metric's ``nvml`` text, so a metric
@@ -47,7 +48,8 @@ class Source:
     per_process: bool = False
     per: str = "device"
     """``device``, or ``link`` / ``active_link`` / ``active_link_12_up`` / ``fan`` / ``policy``
-    (calls × that count), or ``if_active`` (once when any link is active)."""
+    (calls × that count), or ``if_links`` / ``if_active`` (once when the GPU has links / any
+    link is active)."""
     key: str = ""
     """Tells apart reads of one call for different concerns (sampling type, field set)."""
 
@@ -56,6 +58,10 @@ _GPM = (Source("nvmlGpmSampleGet", 1, key="gpm"), Source("nvmlGpmMetricsGet", 1,
 _REMAP = (Source("nvmlDeviceGetRemappedRows", 1, cadence="errors"),)
 _RETIRED = (Source("nvmlDeviceGetFieldValues", 1, cadence="errors", key="retired_pages"),)
 _BAR1 = (Source("nvmlDeviceGetBAR1MemoryInfo", 1),)
+_LINK_STATE = Source(
+    "nvmlDeviceGetFieldValues", 1, cadence="errors", per="if_links", key="nvlink_state"
+)
+"""Every link's state in one field-values read (the per-link call is a fallback)."""
 _ENCODER = (Source("nvmlDeviceGetEncoderStats", 1),)
 
 
@@ -75,6 +81,7 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     "hw.status": (),  # the device state machine: no call of its own
     "hw.errors": (
         Source("nvmlDeviceGetTotalEccErrors", 2, cadence="errors"),
+        _LINK_STATE,  # which links are active
         # every active link's counters in one field-values read (links 0-11: all four;
         # 12+: replay and recovery), CRC flit and data of links 12+ by the per-link call
         Source(
@@ -105,7 +112,7 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     "nvidia.gpu.encoder.sessions": _ENCODER,
     "nvidia.gpu.encoder.fps": _ENCODER,
     "nvidia.gpu.encoder.latency": _ENCODER,
-    "hw.network.up": (Source("nvmlDeviceGetNvLinkState", 1, cadence="errors", per="link"),),
+    "hw.network.up": (_LINK_STATE,),
     "nvidia.gpu.nvlink.io": (Source("nvmlDeviceGetFieldValues", 1, key="nvlink"),),
     "nvidia.gpu.prof.graphics_engine.activity": _GPM,
     "nvidia.gpu.prof.sm.activity": _GPM,
@@ -250,6 +257,7 @@ def minimum_calls(
         "link": facts.links,
         "active_link": facts.active_links,
         "active_link_12_up": facts.active_links_12_up,
+        "if_links": int(facts.links > 0),
         "if_active": int(facts.active_links > 0),
         "fan": facts.fans,
         "policy": facts.policies,

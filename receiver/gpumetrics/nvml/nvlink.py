@@ -10,10 +10,16 @@
 - Each link is a component of its GPU (semantic conventions, hardware network metrics:
   ``hw.type`` network): ``hw.id`` = ``<GPU UUID>:nvlink:<n>``, ``hw.name`` = ``gpu<i>/nvlink<n>``,
   ``hw.parent`` = the GPU's UUID. Every ``errors_interval_s``:
-  ``hw.network.up`` from ``nvmlDeviceGetNvLinkState(link)`` (1 = ``NVML_FEATURE_ENABLED``) for
-  links 0..count-1, and for active links ``hw.errors{hw.type=network, error.type}`` (replay,
-  recovery, flow-control CRC, data CRC), with the ``hw.errors`` rule of
-  :func:`gpumetrics.nvml.counters.error_series`.
+  ``hw.network.up`` for links 0..count-1, and for active links
+  ``hw.errors{hw.type=network, error.type}`` (replay, recovery, flow-control CRC, data CRC),
+  with the ``hw.errors`` rule of :func:`gpumetrics.nvml.counters.error_series`.
+- **The state of every link comes from one** ``nvmlDeviceGetFieldValues`` **call**:
+  ``NVML_FI_DEV_NVLINK_GET_STATE`` with the link as ``scopeId``, whose values are
+  ``NVML_NVLINK_STATE_ACTIVE`` (1, up) and ``_INACTIVE`` (0, down) (``nvml.h``; NVML API
+  reference, NvLink methods). A link whose field does not answer, or answers another state
+  (``_SLEEP``, ``_ACTIVE_TRAFFIC_DISABLED``), is read with ``nvmlDeviceGetNvLinkState(link)``
+  (1 = ``NVML_FEATURE_ENABLED``) as before: a GPU with 18 links costs one call per read
+  instead of 18, a driver without the field one more call once.
 - **The error counters of every active link come from one** ``nvmlDeviceGetFieldValues`` **call**
   (:func:`error_fields`): the per-link fields ``NVML_FI_DEV_NVLINK_{REPLAY,RECOVERY,CRC_FLIT,
   CRC_DATA}_ERROR_COUNT_L<n>`` for links 0-11 (``nvml.h`` defines them up to L11), and for
@@ -49,6 +55,9 @@ DATA = (
     (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, names.DirectionReceive),
 )
 STATE = "nvmlDeviceGetNvLinkState"
+STATE_FIELD = pynvml.NVML_FI_DEV_NVLINK_GET_STATE
+_FIELD_UP = {pynvml.NVML_NVLINK_STATE_ACTIVE: True, pynvml.NVML_NVLINK_STATE_INACTIVE: False}
+"""The ``NVML_FI_DEV_NVLINK_GET_STATE`` values taken as read; others go to the per-link call."""
 ERRORS = "nvmlDeviceGetNvLinkErrorCounter"
 ERROR_COUNTERS: tuple[tuple[int, str], ...] = (
     (pynvml.NVML_NVLINK_ERROR_DL_REPLAY, "replay"),
@@ -107,15 +116,12 @@ def collect_nvlink_links(dev: Device, tick: Tick) -> None:
         return
     want_up = tick.wants(names.MetricNetworkUp)
     want_errors = tick.wants(names.MetricErrors)
-    c = dev.calls
+    states = read_fields(dev, tick, "nvlink_state", [(STATE_FIELD, n) for n in range(int(links))])
     active: list[tuple[int, Attributes]] = []
     for link in range(int(links)):
-        state = c.get(STATE, STATE, pynvml.nvmlDeviceGetNvLinkState, dev.handle, link)
-        if state is None:
-            if not c.enabled(STATE):
-                break
+        up = _link_up(dev, link, states)
+        if up is None:
             continue
-        up = int(state) == pynvml.NVML_FEATURE_ENABLED
         attrs = component_attrs(dev, "nvlink", link)
         if want_up:
             tick.points.add(names.MetricNetworkUp, int(up), tick.now_ns, attrs, dev.start_ns)
@@ -128,6 +134,18 @@ def collect_nvlink_links(dev: Device, tick: Tick) -> None:
     counters = counter_set(dev.state, "nvlink_errors", f"GPU {dev.uuid} NVLink", tick.ctx.log)
     for link, attrs in active:
         _link_errors(dev, tick, link, attrs, counters, values)
+
+
+def _link_up(dev: Device, link: int, states: dict[Field, int | float]) -> bool | None:
+    """Whether ``link`` is up: its state field, else ``nvmlDeviceGetNvLinkState`` (None: unread)."""
+    up = _FIELD_UP.get(int(states.get((STATE_FIELD, link), -1)))
+    if up is not None:
+        return up
+    c = dev.calls
+    if not c.enabled(STATE):
+        return None
+    state = c.get(STATE, STATE, pynvml.nvmlDeviceGetNvLinkState, dev.handle, link)
+    return None if state is None else int(state) == pynvml.NVML_FEATURE_ENABLED
 
 
 def error_fields(link: int) -> dict[int, Field]:

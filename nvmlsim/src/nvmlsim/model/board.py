@@ -93,7 +93,10 @@ class NvLink(Strict):
     values are their sums. ``NVML_FI_DEV_NVLINK_LINK_COUNT`` answers ``links``. The per-link
     error-count fields (``…_ERROR_COUNT_L<n>``, ``…_ERROR_DL_REPLAY`` / ``_DL_RECOVERY`` by
     scope) answer the same counts unless ``error_fields`` is false (NOT_SUPPORTED: a driver
-    whose field values lack them; ``nvmlDeviceGetNvLinkErrorCounter`` still answers).
+    whose field values lack them; ``nvmlDeviceGetNvLinkErrorCounter`` still answers), and
+    ``NVML_FI_DEV_NVLINK_GET_STATE`` (scope: the link) answers each link's state (1 active,
+    0 down) unless ``state_field`` is false (NOT_SUPPORTED; ``nvmlDeviceGetNvLinkState`` still
+    answers).
     """
 
     links: int = Field(ge=1, le=36)
@@ -102,6 +105,7 @@ class NvLink(Strict):
     data_rx_kib: Dyn = 0
     errors: dict[int, NvLinkErrors] = Field(default_factory=dict)
     error_fields: bool = True
+    state_field: bool = True
 
     @model_validator(mode="after")
     def _known_links(self) -> NvLink:

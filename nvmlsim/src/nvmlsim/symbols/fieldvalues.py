@@ -11,7 +11,8 @@ cumulative KiB over all links, any scope id), the error totals ``…_CRC_FLIT_ER
 ``…_<counter>_ERROR_COUNT_L0`` to ``_L11`` (32-59 and 96-119, as ``nvml.h`` numbers them) and
 ``NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY`` / ``_DL_RECOVERY`` (161/162, the link as scope id) from
 ``nvlink`` (the counts ``nvmlDeviceGetNvLinkErrorCounter`` gives; a link the GPU does not have
-answers NOT_SUPPORTED);
+answers NOT_SUPPORTED), ``NVML_FI_DEV_NVLINK_GET_STATE`` (165, the link as scope id:
+``NVML_NVLINK_STATE_ACTIVE`` 1, or ``_INACTIVE`` 0 for a link in ``down``);
 ``NVML_FI_DEV_RETIRED_SBE`` / ``_DBE`` / ``_PENDING`` (29/30/31) from ``retired_pages``.
 """
 
@@ -54,6 +55,7 @@ _NVLINK_ERROR_PER_LINK: dict[int, tuple[str, int]] = {
 }
 """``NVML_FI_DEV_NVLINK_<counter>_ERROR_COUNT_L<n>`` (``nvml.h``: links 0-5 then 6-11) ->
 ``(counter, link)``."""
+_NVLINK_GET_STATE = 165
 _NVLINK_ERROR_SCOPED = {161: "replay", 162: "recovery"}
 """``NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY`` / ``_DL_RECOVERY``: one link's count (scope: the link)."""
 
@@ -74,6 +76,10 @@ def _derived(dev: DeviceState, field_id: int, scope: int, call: Call) -> FieldVa
             return _link_errors(nvlink, *_NVLINK_ERROR_PER_LINK[field_id], call)
         if field_id in _NVLINK_ERROR_SCOPED:
             return _link_errors(nvlink, _NVLINK_ERROR_SCOPED[field_id], scope, call)
+        if field_id == _NVLINK_GET_STATE:
+            if not nvlink.state_field or not 0 <= scope < nvlink.links:
+                return None
+            return FieldValue(value=int(scope not in nvlink.down), value_type=_UINT)
         if field_id == 91:
             return FieldValue(value=nvlink.links, value_type=_UINT)
         if field_id in (138, 139):
