@@ -40,6 +40,9 @@ ENV PATH=/opt/gpumetrics/bin:$PATH \
     NVIDIA_DRIVER_CAPABILITIES=utility \
     GPUMETRICS_CONFIG=/etc/gpumetrics/gpumetrics.yaml \
     GPUMETRICS_HEALTH_LISTEN=0.0.0.0:4320
+# The durable store's directory (store.path, docs/deployment.md; off unless set): a named volume
+# mounted here gets its owner, the image's user, so it is writable with a read-only root.
+RUN install -d -m 0700 -o 10001 -g 10001 /var/lib/gpumetrics
 # 4319: pull + profiler (loopback unless TLS is configured); 4320: plaintext gRPC health only.
 EXPOSE 4319 4320
 # Non-root by default. Reading other users' /proc/<pid>/environ (the procfs identity fallback)

@@ -143,6 +143,7 @@ def measure_sidecars(args: argparse.Namespace, out: Path, order: tuple[str, str]
             sys.executable,
             scenario,
             [target, "serve", "--config", str(config), "--listen", f"127.0.0.1:{ports[name]}",
+             "--profiler-listen", f"unix:{config.parent / f'profiler-{name}.sock'}",
              "--collection-interval", str(args.interval), "--log-level", "warn"],
             out,
         )  # fmt: skip

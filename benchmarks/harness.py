@@ -86,7 +86,7 @@ def node_scenario(
     devices = []
     for i in range(gpus):
         dev = copy.deepcopy(template)
-        dev["uuid"] = f"GPU-bench000-0000-4000-8000-{i:012d}"
+        dev["uuid"] = f"GPU-be0c0000-0000-4000-8000-{i:012d}"  # NVML shape (nvmlsim checks it)
         dev["index"] = i
         dev["minor_number"] = i
         dev["serial"] = f"1654123{i:06d}"

@@ -63,6 +63,12 @@ _LINK_STATE = Source(
 )
 """Every link's state in one field-values read (the per-link call is a fallback)."""
 _ENCODER = (Source("nvmlDeviceGetEncoderStats", 1),)
+_PROCESS_LISTS = (
+    # compute (the data call when non-empty), graphics and MPS (the sizing call: empty)
+    Source("nvmlDeviceGetComputeRunningProcesses", 1, per_process=True),
+    Source("GraphicsRunningProcesses", 1, per_process=True),
+    Source("MPSComputeRunningProcesses", 1, per_process=True),
+)
 
 
 SOURCES: dict[str, tuple[Source, ...]] = {
@@ -128,12 +134,8 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     "nvidia.gpu.process.memory_copy.utilization": (
         Source("nvmlDeviceGetProcessUtilization", 2, calls_empty=1, per_process=True),
     ),
-    "nvidia.gpu.process.memory.usage": (
-        # compute (the data call when non-empty), graphics and MPS (the sizing call: empty)
-        Source("nvmlDeviceGetComputeRunningProcesses", 1, per_process=True),
-        Source("GraphicsRunningProcesses", 1, per_process=True),
-        Source("MPSComputeRunningProcesses", 1, per_process=True),
-    ),
+    "nvidia.gpu.process.memory.usage": _PROCESS_LISTS,
+    "nvidia.gpu.process.count": _PROCESS_LISTS,  # the same reads, counted
 }
 """Metric → the sources one read of it needs. The three ``nvmlDeviceGetSamples`` rows are
 distinct sources (one per sampling type); :func:`minimum_calls` keys them by metric."""
@@ -190,7 +192,8 @@ def device_facts(device: Mapping[str, Any]) -> Facts:
     unsupported = {m for key, ms in _MODEL_METRICS.items() if device.get(key) is None for m in ms}
     nvlink = device.get("nvlink") or {}
     links = int(nvlink.get("links", 0))
-    active = [n for n in range(links) if n not in set(nvlink.get("down", ()))]
+    always_down = {d for d in nvlink.get("down", ()) if isinstance(d, int)}  # not the windows
+    active = [n for n in range(links) if n not in always_down]
     fans = device.get("fans_percent")
     violations = device.get("violations_ns") or {}
     return Facts(

@@ -220,6 +220,7 @@ def sidecar(
         sys.executable,
         scenario,
         ["gpumetrics", "serve", "--config", str(config), "--listen", listen,
+         "--profiler-listen", f"unix:{config.parent / 'profiler.sock'}",
          "--collection-interval", f"{interval_s:g}", "--log-level", "warn"],
         out,
         env=env,

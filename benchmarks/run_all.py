@@ -8,8 +8,9 @@ another (so they never compete for the CPUs), under a time limit. A benchmark th
 failed or timed-out benchmark is recorded as such and the run goes on: benchmarks never fail on
 a number, and this command exits 0 unless it could not write the report.
 
-About 13 minutes on the 2-core CI machine (``--quick``: about 3); the side-by-side run needs the
-peer's virtualenv (``python -m benchmarks.peer_bench --setup-peer``) and is skipped without it.
+About 13 minutes on the 2-core CI machine (``--quick``: about 3), plus about 9 (quick: 1) for the
+durable store's comparison (``store``); the side-by-side run needs the peer's virtualenv
+(``python -m benchmarks.peer_bench --setup-peer``) and is skipped without it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ BENCHMARKS: tuple[tuple[str, str, list[str], list[str], int], ...] = (
     ("peer", "benchmarks.peer_bench", ["--repeat", "3"],
      ["--repeat", "1", "--warmup", "5", "--window", "20", "--profile-s", "10"], 1200),
     ("rss", "benchmarks.rss_bench", [], ["--warmup", "15"], 300),
+    ("store", "benchmarks.store_bench", [],
+     ["--window", "30", "--warmup", "10", "--repeat", "1", "--appends", "20"], 900),
     ("receiver", "benchmarks.receiver_bench", [], ["--warmup", "5", "--window", "30"], 1200),
     ("peer-1s", "benchmarks.peer_bench",
      ["--repeat", "3", "--scrape-nvitop-s", "1", "--profile-s", "0",

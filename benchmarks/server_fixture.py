@@ -82,7 +82,13 @@ def main() -> int:
     declared = DeclaredStore(pid_max=4_194_304, start_time_reader=reader, **limits)
     health = SidecarHealth()
     server = SidecarServer(
-        ServerSettings(listen=["127.0.0.1:0"]), store, declared, health, telemetry
+        ServerSettings(
+            listen=["127.0.0.1:0"], profiler_listen=[], allow_unauthenticated_declare=True
+        ),
+        store,
+        declared,
+        health,
+        telemetry,
     )
     server.start()
     health.mark_ready()

@@ -5,7 +5,8 @@ Run on a machine with a GPU (real ``libnvidia-ml.so.1``):
 the script itself: ``python -m nvmlsim exec --simulate h100-sxm -- \
 benchmarks/sim_hardware_probe.py``. Compare the JSON with the simulator's choices listed under
 "Behaviour reference" in nvmlsim/README.md (MIG error codes, sizing counts, sample clock
-domain, bad struct version code, symbol presence per driver branch).
+domain, bad struct version code, symbol presence per driver branch, NVLink throughput per
+scope id, the recovery-action field, remapped rows, the retired-pages size probe).
 
 Read-only: it only queries; it never changes a clock, limit or MIG setting.
 """
@@ -49,6 +50,14 @@ def _sizing(symbol: str, h: Any, *args: Any) -> dict[str, int]:
     return {"ret": int(ret), "count": int(count.value)}
 
 
+def _retired_probe(h: Any) -> dict[str, int]:
+    """nvml.h: ``pageCount`` 0 asks for the size (expected INSUFFICIENT_SIZE with the count)."""
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetRetiredPages")
+    count = ctypes.c_uint(0)
+    ret = fn(h, ctypes.c_uint(0), ctypes.byref(count), None)
+    return {"ret": int(ret), "count": int(count.value)}
+
+
 def probe() -> dict[str, Any]:
     """Query the installed library; every answer is recorded, nothing raises."""
     pynvml.nvmlInit()
@@ -78,6 +87,24 @@ def probe() -> dict[str, Any]:
             for v in pynvml.nvmlDeviceGetFieldValues(h, [185, 186])
         ]
     )
+    out["nvlink_throughput_by_scope"] = _code(  # nvml.h: scope = link, UINT_MAX = all links
+        lambda: [
+            (v.scopeId, v.nvmlReturn, v.value.ullVal)
+            for v in pynvml.nvmlDeviceGetFieldValues(
+                h, [(138, 0), (138, 1), (138, 0xFFFFFFFF), (138, 63), (91, 0)]
+            )
+        ]
+    )
+    out["recovery_action_field"] = _code(
+        lambda: [
+            (v.nvmlReturn, v.valueType, v.value.uiVal)
+            for v in pynvml.nvmlDeviceGetFieldValues(h, [230])
+        ]
+    )
+    out["remapped_rows"] = _code(lambda: pynvml.nvmlDeviceGetRemappedRows(h))
+    out["retired_pages_probe"] = _code(lambda: _retired_probe(h))
+    out["supported_event_types"] = _code(lambda: pynvml.nvmlDeviceGetSupportedEventTypes(h))
+    out["uuid"] = _code(lambda: pynvml.nvmlDeviceGetUUID(h))
     now_us = time.time_ns() // 1000
     boot_us = int((time.time() - time.monotonic()) * 1e6)  # CLOCK_MONOTONIC ~ since boot
     samples = {}

@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     elif ns.command == "compare":
         pull: dict[str, Any] = {"resourceMetrics": []}  # the newest point of each series wins
         for path in ns.pull:
-            text = path.read_text(encoding="utf-8")  # empty: the pull had no new batches
+            text = path.read_text(encoding="utf-8")  # "{}" (or empty, older CLIs): nothing new
             pull["resourceMetrics"] += json.loads(text or "{}").get("resourceMetrics", [])
         _write(ns.out, "compare.json", compare(pull, _read(ns.out, ns.smi) or {}))
     else:

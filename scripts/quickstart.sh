@@ -13,8 +13,9 @@ VENV=${VENV:-.venv}
 "$VENV/bin/python" -m pip install -q -e ./nvmlsim -e '.[sim]'
 dir=$(mktemp -d)
 sock="$dir/gpumetrics.sock"
+# the profiler service on a socket of its own in $dir too, not the machine's default one
 "$VENV/bin/gpumetrics" serve --simulate h100-8x-training --listen "unix:$sock" \
-  --batch-interval 2 2>"$dir/sidecar.log" &
+  --profiler-listen "unix:$dir/profiler.sock" --batch-interval 2 2>"$dir/sidecar.log" &
 pid=$!
 trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
 echo "sidecar pid $pid on unix:$sock" >&2

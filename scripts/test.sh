@@ -14,11 +14,18 @@
 #      (scripts/validate-compose.sh), and of the Helm chart and deploy/manifests/ (helm lint,
 #      manifests fresh, strict decode into the Kubernetes API types: scripts/check-kubernetes.sh);
 #   5. the end-to-end tests (pytest -m e2e): builds the otelcol-gpumetrics distribution with the
-#      Collector Builder (collector/scripts/build-otelcol.sh, cached by hash), then runs the real
-#      Collector against the real sidecar (docs/e2e.md).
-#   GPUMETRICS_SKIP_E2E=1   skip stage 5 (the first Collector build takes minutes)
+#      Collector Builder (collector/scripts/build-otelcol.sh, cached by hash) and Prometheus
+#      (scripts/prometheus.sh, compose's version, cached), then runs the real Collector against
+#      the real sidecar, and the dashboard's PromQL in the real Prometheus (docs/e2e.md);
+#   6. the live eBPF profiler (pytest -m live_profiler): builds the OpenTelemetry eBPF profiler
+#      at a pinned version (scripts/ebpf-profiler/build.sh, cached by hash) and joins its live
+#      profiles with the sidecar's GPU resources through the real Collector. Where it cannot
+#      load its eBPF programs (not root, no tracefs, the kernel refuses them) the stage is shown
+#      as skipped, with the reason, not as passed.
+#   GPUMETRICS_SKIP_E2E=1   skip stages 5 and 6 (the first Collector build takes minutes)
 # Every stage runs even when an earlier one failed; a summary line per stage and the total come
-# last, and the exit status is 1 when any stage failed.
+# last, and the exit status is 1 when any stage failed. Stage 0 (scripts/check-tracked-files.sh)
+# refuses tracked build outputs: binaries, and files over 4 MiB not in scripts/large-files.allow.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # First run (no virtual environment or no cached Collector yet): say what is downloaded and how long.
@@ -28,7 +35,9 @@ if [ ! -x "${VENV:-.venv}/bin/python" ] || ! compgen -G "${XDG_CACHE_HOME:-$HOME
    for the oldest supported nvidia-ml-py) and buf (npm), Go modules for the receiver's tests, the
    relabel oracle (Prometheus) and the Kubernetes checks (client-go, k8s.io/api, Helm built with
    go install) from the Go module proxy and, for the end-to-end stage, the Collector Builder and
-   grpcurl, then builds otelcol-gpumetrics: several GB in ~/go and ~/.cache. Measured pieces on
+   grpcurl and the OpenTelemetry eBPF profiler's module, then builds otelcol-gpumetrics, the
+   profiler and Prometheus (compose's version, for the Grafana dashboard's PromQL; ~10 min):
+   several GB in ~/go and ~/.cache. Measured pieces on
    2 cores: Helm ~6 min, the Kubernetes modules ~2 min, the Collector build a few; expect 15-20
    minutes in all. Later runs download nothing and reuse the cached binaries.
    GPUMETRICS_SKIP_E2E=1 skips the Collector build and the end-to-end stage.
@@ -60,6 +69,7 @@ stage() {
   shift
   echo "== $name (at $((SECONDS - t0)) s)"
   local began=$SECONDS rc
+  : > "$SKIP_REASON_FILE"
   # Not `( ... ) || rc=$?`: bash ignores errexit inside a tested subshell, so a stage's failing
   # first command would not stop the stage.
   set +e
@@ -69,6 +79,9 @@ stage() {
   local took=$((SECONDS - began))
   if [ "$rc" -eq 0 ]; then
     SUMMARY+=("$(printf 'ok      %-42s %5d s' "$name" "$took")")
+  elif [ "$rc" -eq 77 ] && [ -s "$SKIP_REASON_FILE" ]; then
+    # 77: the stage's tests were skipped (automake's convention); not a pass, not a failure
+    SUMMARY+=("$(printf 'skipped %-42s %5d s  (%s)' "$name" "$took" "$(cat "$SKIP_REASON_FILE")")")
   else
     SUMMARY+=("$(printf 'FAILED  %-42s %5d s  (exit %d)' "$name" "$took" "$rc")")
     FAILED=$((FAILED + 1))
@@ -129,16 +142,45 @@ build_otelcol() {
   printf '%s\n' "$bin" > "$OTELCOL_PATH_FILE"
 }
 
-OTELCOL_PATH_FILE=$(mktemp)
-trap 'rm -f "$OTELCOL_PATH_FILE"' EXIT
+# The real Prometheus (compose's version) the compose e2e test evaluates the Grafana
+# dashboard's PromQL in; built from the Go module proxy by scripts/prometheus.sh, cached.
+build_prometheus() {
+  local bin
+  bin=$(./scripts/prometheus.sh | tail -n1)
+  "$bin" --version
+  printf '%s\n' "$bin" > "$PROMETHEUS_PATH_FILE"
+}
 
-e2e() {
+OTELCOL_PATH_FILE=$(mktemp)
+PROMETHEUS_PATH_FILE=$(mktemp)
+SKIP_REASON_FILE=$(mktemp)
+LIVE_REPORT=$(mktemp)
+trap 'rm -f "$OTELCOL_PATH_FILE" "$PROMETHEUS_PATH_FILE" "$SKIP_REASON_FILE" "$LIVE_REPORT"' EXIT
+
+use_otelcol() {
   OTELCOL_GPUMETRICS=$(cat "$OTELCOL_PATH_FILE")
   [ -n "$OTELCOL_GPUMETRICS" ] || { echo "no Collector binary: the build stage failed"; return 1; }
   export OTELCOL_GPUMETRICS
-  run_pytest -m e2e
 }
 
+e2e() {
+  use_otelcol
+  PROMETHEUS=$(cat "$PROMETHEUS_PATH_FILE")
+  [ -n "$PROMETHEUS" ] || { echo "no Prometheus binary: the build stage failed"; return 1; }
+  export PROMETHEUS
+  run_pytest -m "e2e and not live_profiler"
+}
+
+# The test builds the profiler itself (scripts/ebpf-profiler/build.sh, cached) once it knows the
+# machine can load it, so a machine that cannot skips without the build. Its measured latencies
+# and any skip reason come from the JUnit report (scripts/junit_outcome.py).
+live_profiler() {
+  use_otelcol
+  run_pytest -m live_profiler -o junit_family=legacy --junitxml="$LIVE_REPORT"
+  python scripts/junit_outcome.py "$LIVE_REPORT" "$SKIP_REASON_FILE"
+}
+
+stage "no tracked build output or file over 4 MiB" ./scripts/check-tracked-files.sh
 stage "generated code is fresh" ./scripts/check-generated.sh
 stage "lint" lint
 nvml_newest=$(python -c 'import importlib.metadata as m; print(m.version("nvidia-ml-py"))')
@@ -150,10 +192,14 @@ stage "compose and configuration (static)" ./scripts/validate-compose.sh
 stage "kubernetes (helm lint, manifests fresh, strict decode)" ./scripts/check-kubernetes.sh
 if [ -n "${GPUMETRICS_SKIP_E2E:-}" ]; then
   skip "build otelcol-gpumetrics" "GPUMETRICS_SKIP_E2E is set"
+  skip "build prometheus (dashboard PromQL)" "GPUMETRICS_SKIP_E2E is set"
   skip "end-to-end tests" "GPUMETRICS_SKIP_E2E is set"
+  skip "live eBPF profiler (end-to-end)" "GPUMETRICS_SKIP_E2E is set"
 else
   stage "build otelcol-gpumetrics" build_otelcol
+  stage "build prometheus (dashboard PromQL)" build_prometheus
   stage "end-to-end tests" e2e
+  stage "live eBPF profiler (end-to-end)" live_profiler
 fi
 
 echo

@@ -1,7 +1,9 @@
-"""Fixtures for the simulated-driver tests: install a scenario, always uninstall."""
+"""Fixtures for the simulated-driver tests: install a scenario, always uninstall; and every
+test must end the threads it started (:func:`no_leaked_threads`)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,22 @@ import pynvml
 import pytest
 
 import nvmlsim as sim
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    """Fail a test after which a thread it started is still running (a thread left behind acts
+    after its test: logs into closed streams, answers a later test's calls). Threads started
+    outside Python (``threading._DummyThread``) cannot be joined and are not counted."""
+    before = set(threading.enumerate())
+    yield
+    leaked = [
+        f"{t.name!r} (daemon={t.daemon})"
+        for t in threading.enumerate()
+        if t not in before and t.is_alive() and not isinstance(t, threading._DummyThread)  # noqa: SLF001
+    ]
+    if leaked:
+        pytest.fail(f"the test left thread(s) running: {', '.join(leaked)}", pytrace=False)
 
 
 @pytest.fixture

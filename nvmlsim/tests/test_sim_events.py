@@ -298,3 +298,68 @@ def test_unknown_supported_event_type_names_the_field():
         sim.scenario_from_data({"devices": [{"uuid": UUID0, "supported_events": ["xid", "boom"]}]})
     assert "devices[0].supported_events" in str(info.value)
     assert "unknown NVML event type 'boom'" in str(info.value)
+
+
+def test_a_registration_answering_unknown_leaves_the_set_undefined(simulate):
+    """nvml.h (nvmlDeviceRegisterEvents): "If function reports NVML_ERROR_UNKNOWN, event set
+    is in undefined state and should be freed". Before, the set stayed usable."""
+    fault = {"function": "nvmlDeviceRegisterEvents", "device": 1, "code": "UNKNOWN", "calls": 1}
+    drv = simulate(two_gpus(faults=[fault]))
+    es = pynvml.nvmlEventSetCreate()
+    pynvml.nvmlDeviceRegisterEvents(h0(), XID, es)
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        pynvml.nvmlDeviceRegisterEvents(pynvml.nvmlDeviceGetHandleByIndex(1), XID, es)
+    assert drv.violations == []
+    assert wait_code(es) == pynvml.NVML_ERROR_UNKNOWN  # using it is undefined behaviour
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        pynvml.nvmlDeviceRegisterEvents(h0(), DBE, es)
+    assert [v.kind for v in drv.violations] == ["undefined_event_set"] * 2
+    pynvml.nvmlEventSetFree(es)  # the one right thing to do with it
+    fresh = pynvml.nvmlEventSetCreate()  # a new set registers both (the fault was used up)
+    for index in (0, 1):
+        pynvml.nvmlDeviceRegisterEvents(pynvml.nvmlDeviceGetHandleByIndex(index), XID, fresh)
+    assert drv.emit_event(1, "xid", 31) == 1
+    assert pynvml.nvmlEventSetWait_v2(fresh, 0).eventData == 31
+    pynvml.nvmlEventSetFree(fresh)
+    assert len(drv.violations) == 2
+
+
+def test_a_driver_reload_is_uninitialized_until_shutdown_and_init(simulate):
+    """Issue 28 item 9: after the kernel module is reloaded under a running process, NVML
+    answers UNINITIALIZED until nvmlShutdown + nvmlInit; sets and handles from before are gone,
+    and the energy counter restarts ("since the driver was last reloaded")."""
+    device = {"uuid": UUID0, "supported_events": ["xid"], "energy_mj": 5_000, "temperature_c": 40}
+    drv = simulate({"devices": [device], "driver": {"strict": True}})
+    old = h0()
+    es = pynvml.nvmlEventSetCreate()
+    pynvml.nvmlDeviceRegisterEvents(old, XID, es)
+    assert pynvml.nvmlDeviceGetTotalEnergyConsumption(old) == 5_000
+    drv.trigger("reload_driver")
+    uninitialized = (
+        lambda: pynvml.nvmlDeviceGetTemperature(old, 0),
+        pynvml.nvmlDeviceGetCount,
+        lambda: pynvml.nvmlEventSetWait_v2(es, 0),
+        lambda: pynvml.nvmlEventSetFree(es),
+    )
+    for call in uninitialized:
+        with pytest.raises(pynvml.NVMLError_Uninitialized):
+            call()
+    pynvml.nvmlInit()  # a second reference to the dead session does not revive it
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetCount()
+    pynvml.nvmlShutdown()
+    pynvml.nvmlShutdown()  # the reference count is back to 0
+    pynvml.nvmlInit()
+    new = h0()
+    assert pynvml.nvmlDeviceGetTemperature(new, 0) == 40
+    assert pynvml.nvmlDeviceGetTotalEnergyConsumption(new) == 0  # restarted with the module
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetTemperature(old, 0)  # driver.stale_handle_code
+    assert drv.violations == []  # the sets died with the old module: none left unfreed
+    assert wait_code(es) == pynvml.NVML_ERROR_INVALID_ARGUMENT  # a set from before the reload
+    assert [v.kind for v in drv.violations] == ["invalid_event_set"]
+
+
+def test_reload_driver_is_a_scenario_event():
+    scn = sim.scenario_from_data(two_gpus(events=[{"at_cycle": 3, "action": "reload_driver"}]))
+    assert scn.events[0].action == "reload_driver"

@@ -116,6 +116,36 @@ def test_samples_closer_than_100_ms_give_zero(simulate):
     assert (req.metrics[0].nvmlReturn, req.metrics[0].value) == (0, 0.0)
 
 
+def test_gpm_values_may_be_nan_or_infinite(simulate):
+    """A real GPM answer can be non-finite (issue 28 item 9); the format refused NaN and Inf."""
+    import math
+
+    metrics = {
+        "SM_UTIL": float("nan"),
+        "PCIE_TX_PER_SEC": float("inf"),
+        "SM_OCCUPANCY": {"pattern": "trace", "values": [20, float("-inf")]},
+    }
+    drv = simulate(_scenario(metrics=metrics), latency="off")
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    a, b, c = (pynvml.nvmlGpmSampleAlloc() for _ in range(3))
+    pynvml.nvmlGpmSampleGet(h, a)
+    drv.next_cycle()
+    pynvml.nvmlGpmSampleGet(h, b)
+    drv.next_cycle()
+    pynvml.nvmlGpmSampleGet(h, c)
+    ids = [
+        pynvml.NVML_GPM_METRIC_SM_UTIL,
+        pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+        pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    ]
+    first = [m.value for m in _metrics(a, b, ids).metrics[:3]]
+    second = [m.value for m in _metrics(b, c, ids).metrics[:3]]
+    assert math.isnan(first[0]) and first[1:] == [math.inf, 20.0]
+    assert second[2] == -math.inf  # the interval of the trace's -Inf step
+    for buf in (a, b, c):
+        pynvml.nvmlGpmSampleFree(buf)
+
+
 def test_mig_gpu_instance_samples_have_the_instance_values(simulate):
     drv = simulate(_scenario(), latency="off")
     parent = pynvml.nvmlDeviceGetHandleByIndex(2)

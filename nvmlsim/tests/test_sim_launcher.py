@@ -90,7 +90,7 @@ def test_list_validate_and_schema(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["validate", "F16_pid_reuse"]) == 0
     assert "F16_pid_reuse: ok" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
-    bad.write_text("devices: [{uuid: GPU-1, fan: 3}]\n")
+    bad.write_text("devices: [{uuid: GPU-11111111-2222-4333-8444-555555555555, fan: 3}]\n")
     assert main(["validate", "h100-sxm", str(bad)]) == 1
     captured = capsys.readouterr()
     assert "h100-sxm: ok" in captured.out

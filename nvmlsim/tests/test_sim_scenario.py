@@ -10,7 +10,7 @@ import pytest
 import nvmlsim as sim
 from nvmlsim.model.values import Ramp, Sine, Square, Trace, evaluate
 
-from .sim_helpers import UUID0, full_scenario, one_gpu
+from .sim_helpers import MIG_UUID, UUID0, UUID1, full_scenario, one_gpu
 
 
 def _problems(data: object) -> dict[str, str]:
@@ -32,7 +32,7 @@ def _problems(data: object) -> dict[str, str]:
             {
                 "devices": [
                     {"uuid": UUID0},
-                    {"uuid": "GPU-2", "processes": [{"pid": 5, "name": "a", "name_bytes": "b"}]},
+                    {"uuid": UUID1, "processes": [{"pid": 5, "name": "a", "name_bytes": "b"}]},
                 ]
             },
             "devices[1].processes[0].name_bytes",
@@ -116,7 +116,12 @@ def _problems(data: object) -> dict[str, str]:
                     "current": "enabled",
                     "max_devices": 2,
                     "instances": [
-                        {"slot": 2, "gpu_instance_id": 1, "compute_instance_id": 0, "uuid": "MIG-1"}
+                        {
+                            "slot": 2,
+                            "gpu_instance_id": 1,
+                            "compute_instance_id": 0,
+                            "uuid": MIG_UUID,
+                        }
                     ],
                 }
             ),
@@ -149,6 +154,59 @@ def _problems(data: object) -> dict[str, str]:
             "unknown NVML field id",
         ),
         ([1, 2], "", "the top level must be a mapping"),
+        ({"devices": [{"uuid": "nope"}]}, "devices[0].uuid", "'nope' is not an NVML GPU UUID"),
+        (
+            {"devices": [{"uuid": "GPU-7C1E2A90-3F4B-4D21-8E6A-0B9C5D3E1F70"}]},
+            "devices[0].uuid",
+            "32 lowercase hex digits as 8-4-4-4-12",
+        ),
+        ({"devices": [{"uuid": MIG_UUID}]}, "devices[0].uuid", "not an NVML GPU UUID"),
+        (
+            one_gpu(
+                mig={
+                    "current": "enabled",
+                    "instances": [
+                        {"slot": 0, "gpu_instance_id": 1, "compute_instance_id": 0, "uuid": UUID1}
+                    ],
+                }
+            ),
+            "devices[0].mig.instances[0].uuid",
+            "not an NVML MIG device UUID",
+        ),
+        (
+            one_gpu(
+                mig={
+                    "current": "enabled",
+                    "instances": [
+                        {
+                            "slot": 0,
+                            "gpu_instance_id": 1,
+                            "compute_instance_id": 0,
+                            "uuid": f"MIG-{UUID1}/1/0",
+                        }
+                    ],
+                }
+            ),
+            "devices[0].mig.instances[0].uuid",
+            f"names GPU {UUID1}, but the instance is on {UUID0}",
+        ),
+        (
+            one_gpu(
+                mig={
+                    "current": "enabled",
+                    "instances": [
+                        {
+                            "slot": 0,
+                            "gpu_instance_id": 1,
+                            "compute_instance_id": 0,
+                            "uuid": f"MIG-{UUID0}/2/0",
+                        }
+                    ],
+                }
+            ),
+            "devices[0].mig.instances[0].uuid",
+            "names GPU instance 2 / compute instance 0, but the instance has 1 / 0",
+        ),
     ],
 )
 def test_bad_scenario_names_the_field(data, path, fragment):
@@ -159,7 +217,7 @@ def test_bad_scenario_names_the_field(data, path, fragment):
 
 def test_error_message_lists_every_problem_with_source(tmp_path: Path):
     path = tmp_path / "broken.yaml"
-    path.write_text("devices:\n  - uuid: GPU-1\n    bogus: 1\n    memory: {total_bytes: -1}\n")
+    path.write_text(f"devices:\n  - uuid: {UUID0}\n    bogus: 1\n    memory: {{total_bytes: -1}}\n")
     with pytest.raises(sim.ScenarioError) as raised:
         sim.load_scenario(path)
     text = str(raised.value)
@@ -195,7 +253,7 @@ def test_merge_keys_and_extension_fields(tmp_path: Path):
         "x-gpu: &gpu {name: Shared, temperature_c: 40}\n"
         "devices:\n"
         f"  - {{<<: *gpu, uuid: {UUID0}}}\n"
-        "  - {<<: *gpu, uuid: GPU-2, temperature_c: 50}\n"
+        f"  - {{<<: *gpu, uuid: {UUID1}, temperature_c: 50}}\n"
     )
     scn = sim.load_scenario(path)
     assert [d.name for d in scn.devices] == ["Shared", "Shared"]

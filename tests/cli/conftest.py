@@ -71,9 +71,15 @@ class ManualTicker:
 
 
 def config(**sections):
-    base = {"server": {"listen": ["127.0.0.1:0"]}}
-    base.update(sections)
-    return SidecarConfig.model_validate(base)
+    # Declarations go to the main loopback listener (as on a single-user host that allows it),
+    # never to the machine's default profiler socket; a test's own server section adds to it.
+    server = {
+        "listen": ["127.0.0.1:0"],
+        "profiler_listen": [],
+        "allow_unauthenticated_declare": True,
+    }
+    server.update(sections.pop("server", {}))
+    return SidecarConfig.model_validate({"server": server, **sections})
 
 
 @pytest.fixture

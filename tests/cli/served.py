@@ -89,7 +89,10 @@ class Served:
         listen: str | None = None,
     ) -> None:
         self.address = listen or f"unix:{tmp_path}/gpumetrics.sock"
+        self.profiler_address = f"unix:{tmp_path}/profiler.sock"  # never the machine's default
         argv = [str(GPUMETRICS), "serve", "--simulate", str(simulate), "--listen", self.address]
+        if "--profiler-listen" not in args and "profiler_listen" not in (config or ""):
+            argv += ["--profiler-listen", self.profiler_address]
         argv += ["--log-format", "json", "--batch-interval", "1", *args]
         if config is not None:
             path = tmp_path / "gpumetrics.yaml"
@@ -107,7 +110,8 @@ class Served:
         self.records: list[dict[str, Any]] = []
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._eof = threading.Event()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pump_thread = threading.Thread(target=self._pump, name="served-stderr", daemon=True)
+        self._pump_thread.start()
         self.started = self.wait_record(lambda r: r.get("@message") == "sidecar started")
         if listen is None or listen.endswith(":0"):
             self.address = self.started["listen"]
@@ -180,10 +184,10 @@ class Served:
             timeout=60,
         )
         assert done.returncode == 0, done.stderr + self.log()
-        if not done.stdout:  # nothing new: stdout stays empty, "no new batches" on stderr
+        request = json_format.Parse(done.stdout, metrics_service_pb2.ExportMetricsServiceRequest())
+        if done.stdout.strip() == "{}":  # nothing new: an empty request, "no new batches" on stderr
             assert "no new batches" in done.stderr, done.stderr
-            return metrics_service_pb2.ExportMetricsServiceRequest()
-        return json_format.Parse(done.stdout, metrics_service_pb2.ExportMetricsServiceRequest())
+        return request
 
     def pull_until(
         self, done: Callable[[list[Point]], bool], timeout_s: float = START_TIMEOUT_S
@@ -210,9 +214,14 @@ class Served:
         assert self.proc.wait(timeout=30) == 0, self.log()
         assert self.proc.stdout is not None and self.proc.stdout.read() == ""
         assert self._eof.wait(30), "the log pipe stayed open"
+        self._pump_thread.join(30)
 
     def close(self) -> None:
         """Kill the child if it is still running (teardown net)."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+        self._pump_thread.join(30)  # ends at the end of the child's stderr
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()

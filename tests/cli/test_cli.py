@@ -36,11 +36,14 @@ def test_pull_json_is_otlp_json_and_acknowledges(running, capsys):
     assert '"resourceMetrics"' in out  # protobuf JSON mapping: lowerCamelCase names
     (consumer,) = [c for c in sidecar.parts.store.stats().consumers if c.name == "c1"]
     assert consumer.acked_sequence == 1
-    # the acknowledged batch is not delivered again to the same consumer: stdout stays empty
-    # (valid input for `jq`, which prints nothing), and stderr says why
+    # the acknowledged batch is not delivered again to the same consumer: stdout is the JSON of
+    # an empty request, so a script always parses one document, and stderr says why
     code, out, err = run(capsys, "pull", address, "--consumer", "c1")
     epoch = sidecar.parts.store.epoch
-    assert (code, out) == (0, "")
+    assert (code, out) == (0, "{}\n")
+    assert json_format.Parse(out, metrics_service_pb2.ExportMetricsServiceRequest()) == (
+        metrics_service_pb2.ExportMetricsServiceRequest()
+    )
     assert err == f"no new batches for consumer 'c1' (epoch {epoch})\n"
     code, out, err = run(capsys, "pull", address, "--consumer", "c1", "--format", "text")
     assert (code, out, err) == (0, f"no new batches for consumer 'c1' (epoch {epoch})\n", "")

@@ -140,9 +140,18 @@ def _modules_of_a_sidecar(config: dict) -> list[str]:
 def test_optional_subsystems_are_imported_only_when_configured(tmp_path):
     """RSS (issue 24): relabel's re2, the Kubernetes client, push and reflection cost memory
     only where they are configured."""
-    listen = {"listen": [f"unix:{tmp_path}/a.sock"], "reflection": False}
+    listen = {
+        "listen": [f"unix:{tmp_path}/a.sock"],
+        "profiler_listen": [f"unix:{tmp_path}/p.sock"],  # not the machine's default socket
+        "reflection": False,
+    }
     assert _modules_of_a_sidecar({"server": listen, "kubernetes": {"pod_attribution": False}}) == []
-    listen = {**listen, "listen": [f"unix:{tmp_path}/b.sock"], "reflection": True}
+    listen = {
+        **listen,
+        "listen": [f"unix:{tmp_path}/b.sock"],
+        "profiler_listen": [f"unix:{tmp_path}/q.sock"],
+        "reflection": True,
+    }
     configured = {
         "server": listen,
         "kubernetes": {"pod_attribution": False},

@@ -83,7 +83,7 @@ def test_every_attempt_gets_what_is_left_of_one_deadline(argv, failures, attempt
     stub = RecordingStub(clock, failures, attempt_s)
     start = clock.now
     response, end = client._pull_waiting(
-        stub, pull_pb2.PullRequest(), pull_args(*argv), (), clock, clock.sleep
+        stub.Pull, pull_pb2.PullRequest(), pull_args(*argv), (), clock, clock.sleep
     )
     assert response.epoch == "e"
     assert end == start + budget
@@ -98,7 +98,7 @@ def test_wait_gives_up_at_its_end_and_says_what_to_check(capsys):
     stub = RecordingStub(clock, failures=10**6, attempt_s=0.2)
     with pytest.raises(client.CommandError) as info:
         client._pull_waiting(
-            stub, pull_pb2.PullRequest(), pull_args("--wait", "3"), (), clock, clock.sleep
+            stub.Pull, pull_pb2.PullRequest(), pull_args("--wait", "3"), (), clock, clock.sleep
         )
     assert clock.now <= 1000.0 + 10.0  # within the command's deadline, max(--timeout, --wait)
     assert clock.now < 1000.0 + 3.0 + 0.25 + 0.2  # the last attempt began before --wait ended
@@ -112,7 +112,7 @@ def test_without_wait_a_refused_connection_is_one_attempt():
     clock = FakeClock()
     stub = RecordingStub(clock, failures=1)
     with pytest.raises(client.CommandError, match=r"is the sidecar running\? \(`--wait N`"):
-        client._pull_waiting(stub, pull_pb2.PullRequest(), pull_args(), (), clock, clock.sleep)
+        client._pull_waiting(stub.Pull, pull_pb2.PullRequest(), pull_args(), (), clock, clock.sleep)
     assert len(stub.calls) == 1 and clock.now == 1000.0  # no pause, no retry
 
 
@@ -165,7 +165,12 @@ def test_a_tls_mismatch_says_what_to_change_and_is_not_retried(argv, last_error,
     stub.details = _PREFIX + last_error
     with pytest.raises(client.CommandError) as info:
         client._pull_waiting(
-            stub, pull_pb2.PullRequest(), pull_args("--wait", "10", *argv), (), clock, clock.sleep
+            stub.Pull,
+            pull_pb2.PullRequest(),
+            pull_args("--wait", "10", *argv),
+            (),
+            clock,
+            clock.sleep,
         )
     assert (len(stub.calls) > 1) is retried
     assert str(info.value) == (
@@ -178,7 +183,7 @@ def test_a_starting_sidecar_gets_the_wait_hint():
     stub = RecordingStub(clock, failures=1)
     stub.details = "no collection has been stored yet; retry later"
     with pytest.raises(client.CommandError) as info:
-        client._pull_waiting(stub, pull_pb2.PullRequest(), pull_args(), (), clock, clock.sleep)
+        client._pull_waiting(stub.Pull, pull_pb2.PullRequest(), pull_args(), (), clock, clock.sleep)
     assert str(info.value) == (
         "pull 127.0.0.1:4319: UNAVAILABLE: no collection has been stored yet; retry later (the "
         "sidecar is starting: `--wait N` waits for its first collection)"
@@ -254,11 +259,23 @@ def test_local_targets_never_go_through_an_http_proxy():
     [
         (("--timeout", "0"), "--timeout 0: must be more than 0 seconds"),
         (("--wait", "-1"), "--wait -1: must be 0 or more seconds"),
+        # issue 23 item 6: float() reads both; a deadline of either is none
+        (("--timeout", "nan"), "--timeout nan: must be a finite number of seconds"),
+        (("--timeout", "inf"), "--timeout inf: must be a finite number of seconds"),
+        (("--wait", "inf"), "--wait inf: must be a finite number of seconds"),
+        (("--wait", "nan"), "--wait nan: must be a finite number of seconds"),
     ],
 )
 def test_times_must_make_sense(capsys, argv, message):
     code, _, err = run(capsys, "pull", "127.0.0.1:1", *argv)
     assert code == 2 and err == f"gpumetrics: {message}\n"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_declare_timeout_must_be_finite(capsys, value):
+    code, _, err = run(capsys, "declare", "127.0.0.1:1", "--pid", "1", "--timeout", value)
+    assert code == 2
+    assert err == f"gpumetrics: --timeout {value}: must be a finite number of seconds\n"
 
 
 def test_text_format_shows_each_points_time(make_sidecar, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from gpumetrics.config import ConfigError
 from gpumetrics.metrics import Producer, count_points
 from gpumetrics.runtime import Batcher, Sidecar
+from gpumetrics.service.gate import join_pool
 from gpumetrics.store import BatchStore
 from gpumetrics.v1 import pull_pb2, pull_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -106,7 +108,8 @@ def test_shutdown_order_and_final_batch_reach_the_push_collector(make_sidecar):
             received.append(request)
             return metrics_service_pb2.ExportMetricsServiceResponse()
 
-    otlp = grpc.server(futures.ThreadPoolExecutor(2))
+    pool = futures.ThreadPoolExecutor(2)
+    otlp = grpc.server(pool)
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Collector(), otlp)
     port = otlp.add_insecure_port("127.0.0.1:0")
     otlp.start()
@@ -136,7 +139,8 @@ def test_shutdown_order_and_final_batch_reach_the_push_collector(make_sidecar):
         ]
         assert pushed == [111.0]
     finally:
-        otlp.stop(0)
+        otlp.stop(0).wait()
+        assert join_pool(pool, time.monotonic() + 10)
 
 
 def test_a_missing_relabel_file_is_a_config_error_naming_the_setting(tmp_path):
@@ -257,7 +261,7 @@ def test_one_startup_summary_line_when_ready(tmp_path, caplog):
     assert lines == [
         "ready: config /etc/gpumetrics/gpumetrics.yaml; "
         f"listen {addresses.listen[0]} [pull: token]; "
-        f"profiler_listen unix://{profiler} [declare: token]; "
+        f"profiler_listen unix://{profiler} [declare: token, peer credentials]; "
         f"health_listen {addresses.health_listen[0]} [health: no token]; "
         "TLS off; relabel rules 2; NVML real, driver 550.54.15, 2 GPUs"
     ]

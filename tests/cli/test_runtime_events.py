@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from concurrent import futures
 
 import grpc
 import pytest
 from gpumetrics.events import GpuEvent
 from gpumetrics.runtime import Sidecar
+from gpumetrics.service.gate import join_pool
 from gpumetrics.v1 import logs_pull_pb2, logs_pull_pb2_grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 
@@ -83,7 +85,8 @@ def test_shutdown_closes_storm_windows_and_pushes_the_logs(make_sidecar):
             received.append(request)
             return logs_service_pb2.ExportLogsServiceResponse()
 
-    otlp = grpc.server(futures.ThreadPoolExecutor(2))
+    pool = futures.ThreadPoolExecutor(2)
+    otlp = grpc.server(pool)
     logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Collector(), otlp)
     port = otlp.add_insecure_port("127.0.0.1:0")
     otlp.start()
@@ -106,4 +109,5 @@ def test_shutdown_closes_storm_windows_and_pushes_the_logs(make_sidecar):
         count = [kv.value.int_value for kv in pushed[-1].attributes if kv.key.endswith("count")]
         assert count == [3]
     finally:
-        otlp.stop(0)
+        otlp.stop(0).wait()
+        assert join_pool(pool, time.monotonic() + 10)

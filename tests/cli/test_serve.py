@@ -38,7 +38,9 @@ def test_serve_simulate_then_pull_json_shows_device_metrics_and_sigterm_exits_0(
     assert ready == [
         (
             "info",
-            f"ready: config none; listen {served.address} [pull: no token, declare: no token]; "
+            f"ready: config none; listen {served.address} [pull: no token]; "
+            f"profiler_listen unix://{served.profiler_address.removeprefix('unix:')} "
+            "[declare: peer credentials]; "
             "TLS off; relabel rules 0; "
             f"NVML simulated (h100-8x-training), driver {version}, 8 GPUs",
         )

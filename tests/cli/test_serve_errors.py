@@ -171,6 +171,55 @@ def test_a_proc_root_that_does_not_exist(capsys, tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("var/lib/gpumetrics", "must be an absolute path (a directory for the durable store), "
+         "got 'var/lib/gpumetrics'"),
+        ("/proc/gpumetrics", "'/proc/gpumetrics' cannot hold the durable store; use e.g. "
+         "/var/lib/gpumetrics"),
+        (" /var/lib/gpumetrics", "must not begin or end with white space, got "
+         "' /var/lib/gpumetrics'"),
+    ],
+)  # fmt: skip
+def test_a_store_path_that_cannot_be_one(capsys, value, reason):
+    assert serve(capsys, "--store-path", value) == (
+        2,
+        f"gpumetrics: 'store.path' (from flag --store-path): {reason}",
+    )
+
+
+def test_a_store_path_that_is_a_file(capsys, tmp_path, monkeypatch):
+    file = tmp_path / "store"
+    file.write_text("")
+    monkeypatch.setenv("GPUMETRICS_STORE_PATH", str(file))
+    assert serve(capsys) == (
+        2,
+        f"gpumetrics: 'store.path' (from GPUMETRICS_STORE_PATH='{file}'): {file} exists and is "
+        "not a directory",
+    )
+
+
+def test_a_store_written_on_another_node_is_refused_untouched(capsys, tmp_path):
+    from gpumetrics.store import SqliteJournal
+
+    other = SqliteJournal.in_directory(
+        str(tmp_path), signal="metrics", node="gpu-node-1", written_by="0.1.0"
+    )
+    assert other.open() is None  # a new store file of node gpu-node-1
+    other.close()
+    before = (tmp_path / "metrics.sqlite").read_bytes()
+    assert serve(capsys, "--store-path", str(tmp_path), "--node-name", "gpu-node-2") == (
+        2,
+        f"gpumetrics: 'store.path' (from flag --store-path): {tmp_path}/metrics.sqlite was "
+        "written on node 'gpu-node-1', and this sidecar is node 'gpu-node-2' "
+        "(identity.node_name): a store is never mixed; point store.path at this node's own "
+        "directory, or move the file away",
+    )
+    assert (tmp_path / "metrics.sqlite").read_bytes() == before
+    assert not (tmp_path / "logs.sqlite").exists()  # refused before the log store was opened
+
+
 def test_a_push_ca_file_that_cannot_be_read(capsys, tmp_path, monkeypatch):
     missing = tmp_path / "ca.pem"
     monkeypatch.setenv("GPUMETRICS_PUSH_CA_FILE", str(missing))

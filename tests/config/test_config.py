@@ -17,8 +17,10 @@ from gpumetrics.config import (
 )
 from gpumetrics.config import env as env_module
 from gpumetrics.config.model import DeclaredLimits, StoreSettings
-from gpumetrics.identity import DeclaredStore
+from gpumetrics.identity import DeclaredStore, ProcessResourcer
+from gpumetrics.identity.resource_limits import ResourceLimits
 from gpumetrics.store import StoreLimits
+from gpumetrics.store.limits import DEFAULT_MAX_COLLECTION_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "gpumetrics.yaml"
@@ -32,7 +34,15 @@ def test_the_sample_file_loads_and_equals_the_defaults():
 def test_defaults_validate_and_agree_with_the_packages_that_own_them():
     cfg = default_config()
     assert cfg.store.limits() == StoreLimits()
-    assert {f.name for f in dataclasses.fields(StoreLimits)} == set(StoreSettings.model_fields)
+    # the producer's budget and the store's directory: not limits the store holds
+    budget = {"max_collection_bytes", "path"}
+    assert {f.name for f in dataclasses.fields(StoreLimits)} == set(
+        StoreSettings.model_fields
+    ) - budget
+    assert cfg.store.max_collection_bytes == DEFAULT_MAX_COLLECTION_BYTES
+    assert cfg.identity.resource_limits.limits() == ResourceLimits()
+    resourcer = inspect.signature(ProcessResourcer.__init__).parameters
+    assert cfg.identity.resource_limits.cache_max_bytes == resourcer["cache_max_bytes"].default
     params = inspect.signature(DeclaredStore.__init__).parameters
     for name in DeclaredLimits.model_fields:
         assert getattr(cfg.identity.declared, name) == params[name].default
@@ -143,6 +153,20 @@ def errors_of(*args, **kwargs):
         (
             "identity: {declared: {max_processes: 0}}",
             "'identity.declared.max_processes' (from {f}): Input should be greater than or equal",
+        ),
+        (
+            "identity: {resource_limits: {attribute_count_limit: 0}}",
+            "'identity.resource_limits.attribute_count_limit' (from {f}): Input should be greater",
+        ),
+        (
+            "identity: {resource_limits: {max_bytes: 8000000}}",
+            "'server.pull_default_max_bytes' (from {f}): 4128768 bytes cannot hold one process's "
+            "resource: identity.resource_limits.max_bytes lets a resource take 8000000 bytes",
+        ),
+        (
+            "store: {max_collection_bytes: 1000}",
+            "'store.max_collection_bytes' (from {f}): 1000 bytes cannot hold one process's "
+            "resource (identity.resource_limits.max_bytes lets it take 8192 bytes",
         ),
         (
             "push: {endpoint: 'x:1', cert_file: c.pem}",

@@ -43,9 +43,14 @@ def placeholders(tmp: Path) -> dict[str, str]:
         "SIDECAR_SIMULATE": "h100-sxm",
         "SIDECAR_PROFILER_SOCKET": str(tmp / "profiler.sock"),
         "SIDECAR_ENDPOINT": f"unix://{tmp / 'gm.sock'}",
+        "SIDECAR_PROFILER_ENDPOINT": f"unix://{tmp / 'gm-profiler.sock'}",
+        "OTLP_TOKEN_FILE": str(tmp / "otlp.token"),
+        "PROFILES_TOKEN_FILE": str(tmp / "otlp.token"),
         "E2E_OUTPUT": str(tmp / "metrics.jsonl"),
         "E2E_PROFILES_OUTPUT": str(tmp / "profiles.jsonl"),
         "OTLP_HTTP_ENDPOINT": "127.0.0.1:4318",
+        "OTLP_GRPC_ENDPOINT": "127.0.0.1:4317",
+        "OTELCOL_TELEMETRY_PORT": "8888",
         "DOWNSTREAM_ENDPOINT": "127.0.0.1:4317",
         "E2E_STORAGE_DIR": str(tmp / "queue"),
         "E2E_EVENTS_OUTPUT": str(tmp / "events.jsonl"),
@@ -86,6 +91,7 @@ def test_collector_configs_exist() -> None:
         "e2e-subprocess.yaml",
         "e2e-remote.yaml",
         "e2e-profiles.yaml",
+        "e2e-live-profiler.yaml",
     } <= names
     assert [p.name for p in PROFILER_CONFIGS] == ["ebpf-profiler.yaml"]
 
@@ -170,7 +176,12 @@ def test_e2e_configs_give_what_the_tests_read(path: Path) -> None:
         assert "compression" not in file_exporter  # compressed records are length-prefixed
     if "logs" in config["service"]["pipelines"]:  # the GPU events (test_events)
         assert config["service"]["pipelines"]["logs"]["exporters"] == ["file/events"]
-    assert config["service"]["telemetry"]["metrics"]["level"] == "none"
+    metrics = config["service"]["telemetry"]["metrics"]
+    if "readers" in metrics:  # the test reads them (test_live_profiler), on a port it chose
+        (prometheus,) = [r["pull"]["exporter"]["prometheus"] for r in metrics["readers"]]
+        assert prometheus == {"host": "127.0.0.1", "port": "${env:OTELCOL_TELEMETRY_PORT}"}
+    else:  # no fixed internal-telemetry port (8888) that parallel runs would fight over
+        assert metrics["level"] == "none"
     assert config["service"]["telemetry"]["logs"]["encoding"] == "json"
     assert config["service"]["telemetry"]["logs"]["level"] == "debug"  # go-plugin's messages
 
@@ -265,3 +276,35 @@ def test_the_charts_collector_acknowledges_only_what_is_persisted(manifest: str)
             gateway = yaml.safe_load(data["config.yaml"])
             assert "logs" in gateway["service"]["pipelines"], f"{manifest}: gateway drops events"
             assert not [p for p in gateway["processors"] if p.startswith("batch")], manifest
+
+
+@pytest.mark.parametrize("path", USER_CONFIGS, ids=lambda p: p.name)
+def test_a_shipped_profiles_pipeline_authenticates_what_it_receives(path: Path) -> None:
+    """Issue 23 item 2: a profiles pipeline with the gpumetrics exporter turns every profile's
+    resource into a declaration, so its OTLP receiver must not take an unauthenticated export:
+    every protocol of every receiver feeding it requires an authenticator whose extension is
+    enabled (the sidecar trusts the exporter's connection)."""
+    config = load(path)
+    pipelines = config["service"]["pipelines"]
+    declaring = [p for n, p in pipelines.items() if n.split("/")[0] == "profiles"]
+    declaring = [
+        p for p in declaring if any(e.split("/")[0] == "gpumetrics" for e in p["exporters"])
+    ]
+    for pipeline in declaring:
+        for name in pipeline["receivers"]:
+            protocols = config["receivers"][name]["protocols"]
+            for protocol, settings in protocols.items():
+                auth = (settings or {}).get("auth", {}).get("authenticator")
+                assert auth, f"{path.name}: receivers.{name}.protocols.{protocol} has no auth"
+                assert auth in config["service"]["extensions"], f"{path.name}: {auth} not enabled"
+                assert auth.split("/")[0] == "bearertokenauth"
+                ext = config["extensions"][auth]
+                assert ext["filename"] == "${env:OTLP_TOKEN_FILE}", "the token comes from a file"
+                assert ext["wait_for_token_file"] is True, "a missing file fails the start"
+
+
+def test_the_profiler_sends_the_token_the_receiver_requires() -> None:
+    """profiler/ebpf-profiler.yaml's exporter sends the bearer token profiles.yaml requires."""
+    (profiler,) = PROFILER_CONFIGS
+    exporter = load(profiler)["exporters"]["otlp_grpc"]
+    assert exporter["headers"] == {"authorization": "Bearer ${file:${env:PROFILES_TOKEN_FILE}}"}

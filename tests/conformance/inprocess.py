@@ -25,7 +25,7 @@ from gpumetrics.identity.procfs import ProcfsReader
 from gpumetrics.nvml.context import DEFAULT_PID_MAX
 from gpumetrics.selftelemetry import Telemetry
 from gpumetrics.service import SidecarHealth, SidecarServer
-from gpumetrics.store import BatchStore
+from gpumetrics.store import LOGS, BatchStore
 
 from ..store.conftest import Clock
 
@@ -52,11 +52,12 @@ class InProcessSidecar:
         data = copy.deepcopy(self._raw)
         server = dict(data.get("server") or {})
         server["listen"] = [f"unix:{self._tmp}/life-{self._lives}.sock"]
+        server["profiler_listen"] = []  # every service on the one socket (peer credentials: root)
         data["server"] = server
         self.config = config = SidecarConfig.model_validate(data)
         telemetry = Telemetry()
         self.store = BatchStore(config.store.limits(), telemetry=telemetry, clock=self.clock)
-        self.logs_store = BatchStore(config.log_store_limits(), clock=self.clock)
+        self.logs_store = BatchStore(config.log_store_limits(), clock=self.clock, signal=LOGS)
         ident = config.identity
         procfs = ProcfsReader(
             ident.proc_root,

@@ -196,7 +196,11 @@ def service_run(config: Mapping[str, Any], name: str, mapping: HostMapping) -> S
     for port in listening_ports(service, env):
         mapping.port(port)
     command = service.get("command")
-    argv = spec.entrypoint + (list(command) if command is not None else spec.cmd)
+    entrypoint = service.get("entrypoint")  # compose's replaces the image's (and its CMD)
+    if entrypoint is not None:
+        argv = list(entrypoint) + (list(command) if command is not None else [])
+    else:
+        argv = spec.entrypoint + (list(command) if command is not None else spec.cmd)
     health = service.get("healthcheck", {}).get("test")
     if health is not None:
         assert health[0] == "CMD", f"{name}: healthcheck must use the exec form (CMD)"

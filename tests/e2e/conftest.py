@@ -1,4 +1,5 @@
-"""Fixtures of the end-to-end tests: the Collector binary and stand-in GPU processes."""
+"""Fixtures of the end-to-end tests: the Collector and Prometheus binaries, stand-in GPU
+processes."""
 
 from __future__ import annotations
 
@@ -8,13 +9,19 @@ from pathlib import Path
 import pytest
 
 from .checks import CAPTURED_VARIABLE, declared_env
-from .harness import GpuProcess, otelcol_binary
+from .harness import GpuProcess, otelcol_binary, prometheus_binary
 
 
 @pytest.fixture(scope="session")
 def otelcol() -> Path:
     """The otelcol-gpumetrics binary (built once per session, cached across sessions)."""
     return otelcol_binary()
+
+
+@pytest.fixture(scope="session")
+def prometheus() -> Path:
+    """The Prometheus binary docker-compose.yaml's version (built once, cached across sessions)."""
+    return prometheus_binary()
 
 
 @pytest.fixture

@@ -72,6 +72,7 @@ def clean_environ(extra: Mapping[str, str] = {}) -> dict[str, str]:
     into the sidecar), plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMETRICS_")}
     env.pop(OTELCOL_ENV, None)
+    env.pop(PROMETHEUS_ENV, None)
     env.update(extra)
     return env
 
@@ -87,12 +88,21 @@ def gpumetrics_command() -> Path:
     return script
 
 
+def profiler_address(address: str) -> str:
+    """The profiler socket the tests give the sidecar whose pull socket is ``address``
+    (``unix:/d/gm.sock`` -> ``unix:/d/gm-profiler.sock``): its own unix socket, as by default,
+    never the machine's default path."""
+    assert address.startswith("unix:") and address.endswith(".sock"), address
+    return address.removesuffix(".sock") + "-profiler.sock"
+
+
 def sidecar_argv(
     scenario: Path, address: str, node_name: str, include_env_vars: Sequence[str] = ()
 ) -> list[str]:
-    """`gpumetrics serve` on the simulated ``scenario``, listening (pull and profiler service) on
-    ``address``, one batch a second, the host resource named ``node_name``, capturing the
-    environment variables ``include_env_vars`` as the profiler's ``-env-vars`` would."""
+    """`gpumetrics serve` on the simulated ``scenario``, listening (pull) on ``address`` and
+    (profiler service) on :func:`profiler_address`, one batch a second, the host resource named
+    ``node_name``, capturing the environment variables ``include_env_vars`` as the profiler's
+    ``-env-vars`` would."""
     return [
         str(gpumetrics_command()),
         "serve",
@@ -100,6 +110,8 @@ def sidecar_argv(
         str(scenario),
         "--listen",
         address,
+        "--profiler-listen",
+        profiler_address(address),
         "--batch-interval",
         "1",
         "--node-name",
@@ -128,6 +140,37 @@ def otelcol_binary() -> Path:
         pytest.fail(f"{BUILD_SCRIPT} did not finish within {BUILD_TIMEOUT_S:g} s")
     if done.returncode != 0:
         pytest.fail(f"{BUILD_SCRIPT} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+PROMETHEUS_ENV = "PROMETHEUS"
+PROMETHEUS_SCRIPT = REPO / "scripts" / "prometheus.sh"
+
+
+def prometheus_binary() -> Path:
+    """The Prometheus binary the compose test evaluates the dashboard's PromQL in: $PROMETHEUS,
+    else built (or taken from the cache) by scripts/prometheus.sh at the version
+    docker-compose.yaml runs. Skips, saying why, when neither is possible (no Go toolchain);
+    fails when the build fails."""
+    given = os.environ.get(PROMETHEUS_ENV)
+    if given:
+        path = Path(given)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            pytest.fail(f"${PROMETHEUS_ENV}={given} is not an executable file")
+        return path
+    if shutil.which("go") is None:
+        pytest.skip(
+            "SKIPPED: the Grafana dashboard's PromQL is not evaluated: no Go toolchain to build "
+            f"Prometheus with {PROMETHEUS_SCRIPT.name} (or set ${PROMETHEUS_ENV})"
+        )
+    try:
+        done = subprocess.run(
+            [str(PROMETHEUS_SCRIPT)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{PROMETHEUS_SCRIPT} did not finish within {BUILD_TIMEOUT_S:g} s")
+    if done.returncode != 0:
+        pytest.fail(f"{PROMETHEUS_SCRIPT} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
 
 

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -41,22 +41,41 @@ M = TypeVar("M", bound=Message)
 
 
 def _read(path: Path, message: type[M]) -> list[M]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    lines = text.split("\n")[:-1]  # the part after the last newline is incomplete
-    requests = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        request = message()
+    return JsonlFollower(path, message).new()
+
+
+class JsonlFollower(Generic[M]):
+    """The requests of a file exporter's file, read as it grows: each :meth:`new` call parses
+    only the complete lines written since the previous one (a long test never parses a line
+    twice)."""
+
+    def __init__(self, path: Path, message: type[M]) -> None:
+        self.path, self.message = path, message
+        self._offset = 0
+        self._line = 0
+
+    def new(self) -> list[M]:
+        """The requests of the complete lines added since the last call (missing file: [])."""
         try:
-            json_format.Parse(line, request)
-        except json_format.ParseError as e:
-            raise AssertionError(f"{path}:{number}: not OTLP/JSON: {e}") from e
-        requests.append(request)
-    return requests
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1  # the part after the last newline is incomplete
+        self._offset += end
+        requests = []
+        for line in chunk[:end].decode().split("\n")[:-1]:
+            self._line += 1
+            if not line.strip():
+                continue
+            request = self.message()
+            try:
+                json_format.Parse(line, request)
+            except json_format.ParseError as e:
+                raise AssertionError(f"{self.path}:{self._line}: not OTLP/JSON: {e}") from e
+            requests.append(request)
+        return requests
 
 
 def any_value(value: AnyValue) -> Hashable:
@@ -169,6 +188,19 @@ class FlatRecord:
     time_unix_nano: int
     observed_time_unix_nano: int
     request: int
+
+
+def record_key(r: FlatRecord) -> tuple[object, ...]:
+    """What identifies one log record (its observed time is the sidecar's receipt, in ns)."""
+    return (
+        tuple(sorted(r.resource.items())),
+        r.scope,
+        r.event_name,
+        r.body,
+        tuple(sorted(r.attributes.items())),
+        r.time_unix_nano,
+        r.observed_time_unix_nano,
+    )
 
 
 def flatten_logs(requests: Iterable[ExportLogsServiceRequest]) -> list[FlatRecord]:

@@ -152,3 +152,28 @@ def test_profiler_profile_sends_profiles_to_the_collector(tmp_path: Path) -> Non
     otlp = config["services"]["otelcol"]["environment"]["OTLP_GRPC_ENDPOINT"]
     assert host == "otelcol"
     assert otlp == f"0.0.0.0:{port}"
+
+
+@pytest.mark.parametrize(("profile", "service"), [((), "gpumetrics"), (("gpu",), "gpumetrics-gpu")])
+def test_each_sidecar_keeps_its_store_on_a_volume_of_its_own(
+    tmp_path: Path, profile: tuple[str, ...], service: str
+) -> None:
+    """store.path is on a named volume (on disk, not tmpfs) that no other service mounts: a
+    restarted container resumes its store, and the two profiles' nodes never share one."""
+    config, mapping, runs = mapped_runs(tmp_path, *profile)
+    settings = load_config(environ=mapping.rewrite_env(runs[service].env))
+    assert settings.store.path == mapping.rewrite("/var/lib/gpumetrics")
+    mount = next(
+        v for v in config["services"][service]["volumes"] if v["target"] == "/var/lib/gpumetrics"
+    )
+    assert mount["type"] == "volume"
+    assert "driver_opts" not in config["volumes"][mount["source"]], "a tmpfs would not survive"
+    others = {
+        v["source"]
+        for name, s in compose_config(compose_cli(), "gpu")["services"].items()
+        if name != service
+        for v in s.get("volumes", [])
+    }
+    assert mount["source"] not in others
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "install -d -m 0700 -o 10001 -g 10001 /var/lib/gpumetrics" in dockerfile

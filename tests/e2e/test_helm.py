@@ -148,7 +148,11 @@ def run_pod(
     """Start every container of ``workload``'s pod; wait until each readiness probe passes."""
     name = workload["metadata"]["name"]
     mapping = PodMapping(root / f"pod-{name}", remote=dict(remote or {}))
-    host_paths = {"/var/lib/kubelet/pod-resources": root / "pod-resources", "/proc": Path("/proc")}
+    host_paths = {
+        "/var/lib/kubelet/pod-resources": root / "pod-resources",
+        "/proc": Path("/proc"),
+        "/var/lib/gpumetrics/gpumetrics-gpumetrics": root / f"store-{name}",
+    }
     runs = pod_runs(objects, workload, mapping, host_paths, FIELDS)
     pod_procs = [start(run, otelcol, root, started) for run in runs]
 

@@ -36,6 +36,7 @@ from .harness import (
     gpumetrics_command,
     log_records,
     procs,
+    profiler_address,
     wait_for,
 )
 from .otlp import flatten, read_requests
@@ -130,6 +131,8 @@ def test_acknowledged_points_survive_sigkill(otelcol: Path, tmp_path: Path) -> N
         "h100-8x-training",
         "--listen",
         address,
+        "--profiler-listen",
+        profiler_address(address),
         "--batch-interval",
         "1",
         "--node-name",

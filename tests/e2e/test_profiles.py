@@ -23,6 +23,7 @@ from .harness import (
     free_port,
     log_records,
     procs,
+    profiler_address,
     sidecar_argv,
     wait_for,
 )
@@ -90,6 +91,7 @@ def run(otelcol: Path, tmp_path: Path, profiled: GpuProcess, other: GpuProcess) 
     env = clean_environ(
         {
             "SIDECAR_ENDPOINT": f"unix://{tmp_path / 'gm.sock'}",
+            "SIDECAR_PROFILER_ENDPOINT": profiler_address(address),
             "OTLP_HTTP_ENDPOINT": otlp,
             "E2E_OUTPUT": str(metrics_out),
             "E2E_PROFILES_OUTPUT": str(profiles_out),

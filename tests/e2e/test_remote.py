@@ -20,6 +20,7 @@ from .harness import (
     declare,
     log_records,
     procs,
+    profiler_address,
     sidecar_argv,
     wait_for,
 )
@@ -62,9 +63,9 @@ def test_remote_mode_with_sidecar_restart(otelcol: Path, tmp_path: Path, gpu_pro
         )
         started.append(collector)
 
-        # The profiler service shares the main listener here.
+        # The profiler service is on its own socket (the sidecar's default layout).
         assert "accepted 1" in declare(
-            address,
+            profiler_address(address),
             declared.pid,
             checks.declared_env("declared"),
             checks.DECLARED_ATTRS,
@@ -85,7 +86,7 @@ def test_remote_mode_with_sidecar_restart(otelcol: Path, tmp_path: Path, gpu_pro
         sidecar = Proc("sidecar-2", serve, clean_environ(), tmp_path / "sidecar-2.log")
         started.append(sidecar)
         assert "accepted 1" in declare(
-            address,
+            profiler_address(address),
             declared.pid,
             checks.declared_env("declared"),
             checks.DECLARED_ATTRS,

@@ -106,7 +106,7 @@ def build(
     cfg = case.get("config", {})
     procfs = ProcfsReader(
         str(root),
-        user_name={1000: "alice"}.get,
+        user_name={1000: "alice", 65534: "nobody"}.get,
         include_env_vars=cfg.get("include_env_vars", ()),
     )
     store = None

@@ -4,6 +4,7 @@ reads, the relabel rules it refuses, variables that are not UTF-8, and a live pr
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,10 +16,14 @@ from gpumetrics.identity.cgroup import container_id
 from gpumetrics.identity.modes import IdentityMode, is_observed_key, validate_env_var_names
 from gpumetrics.identity.procfs import ProcfsReader
 from gpumetrics.identity.relabel_config import RelabelConfigError
-from gpumetrics.identity.resourcer import ProcessResourcer, new_process_resourcer
+from gpumetrics.identity.resourcer import (
+    NOT_UTF8_WARN_INTERVAL_NS,
+    ProcessResourcer,
+    new_process_resourcer,
+)
 
 from .conftest import load_cases
-from .fakeproc import PID, build, expected_resource, make_proc
+from .fakeproc import PID, build, expected_resource, make_proc, resource_bytes
 
 CASES = load_cases("profiler_mode_cases.yaml")
 ENRICHED_CASES = load_cases("precedence_cases.yaml")
@@ -72,17 +77,58 @@ def test_enriched_resource_contains_the_profiler_resource(
     assert {k: full.get(k) for k in base} == base
 
 
-def test_variable_that_is_not_utf8_is_left_out_and_counted(tmp_path: Path, caplog) -> None:
+def test_variable_that_is_not_utf8_is_replaced_counted_and_logged_once_per_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27 item 2: the profiles exporter's rule (gpumetrics.identity.utf8): each run of
+    invalid bytes becomes U+FFFD, so the key stays and equals what the exporter declares; the
+    process is counted once (not once per recomputation) and logged at WARNING at most once a
+    minute, the processes in between at DEBUG."""
     make_proc(tmp_path, {"start": 500})
-    (tmp_path / str(PID) / "environ").write_bytes(b"GOOD=ok\x00BAD=\xff\xfe\x00")
-    procfs = ProcfsReader(str(tmp_path), include_env_vars=["GOOD", "BAD"])
+    (tmp_path / str(PID) / "environ").write_bytes(b"GOOD=ok\x00BAD=caf\xe9\x00WORSE=\xff\xfe\x00")
+    for other in (PID + 1, PID + 2):
+        shutil.copytree(tmp_path / str(PID), tmp_path / str(other), symlinks=True)
+    procfs = ProcfsReader(str(tmp_path), include_env_vars=["GOOD", "BAD", "WORSE"])
     caplog.set_level("DEBUG", logger="gpumetrics.identity.resourcer")
-    r = ProcessResourcer(procfs=procfs, procfs_ttl_ns=0)
-    assert r.resource(PID) == {"process.pid": PID, "process.environment_variable.GOOD": "ok"}
-    r.resource(PID)
+    now = [1]
+    r = ProcessResourcer(procfs=procfs, procfs_ttl_ns=0, clock=lambda: now[0])
+    assert r.resource(PID) == {
+        "process.pid": PID,
+        "process.environment_variable.GOOD": "ok",
+        "process.environment_variable.BAD": "caf\ufffd",
+        "process.environment_variable.WORSE": "\ufffd",
+    }
+    r.resource(PID)  # recomputed (no TTL): the same process, neither counted nor logged again
+    assert r.stats()["env_var_not_utf8"] == 1
+    r.resource(PID + 1)  # another process within the minute: counted, logged at DEBUG
     assert r.stats()["env_var_not_utf8"] == 2
-    warnings = [rec for rec in caplog.records if rec.levelname == "WARNING"]
-    assert len(warnings) == 1 and "BAD" in warnings[0].getMessage()
+    now[0] += NOT_UTF8_WARN_INTERVAL_NS
+    r.resource(PID + 2)
+    assert r.stats()["env_var_not_utf8"] == 3
+    logged = [
+        (rec.levelname, rec.getMessage())
+        for rec in caplog.records
+        if rec.name == "gpumetrics.identity.resourcer"
+    ]
+    assert [level for level, _ in logged] == ["WARNING", "DEBUG", "WARNING"]
+    assert logged[0][1].startswith(f"pid {PID}: BAD, WORSE are not UTF-8; ")
+    assert logged[1][1].startswith(f"pid {PID + 1}: BAD, WORSE are not UTF-8; ")
+    assert logged[2][1].endswith("(1 more process(es) since the last warning)")
+
+
+def test_executable_path_that_is_not_utf8_follows_the_same_rule(tmp_path: Path) -> None:
+    """The profiler sends readlink's bytes; the exporter replaces what is not UTF-8, and so does
+    the sidecar (an OTLP string must be UTF-8: a surrogate-escaped str could not be encoded)."""
+    make_proc(tmp_path, {"start": 500})
+    os.symlink(b"/opt/app/cam\xe9 (deleted)", os.fsencode(tmp_path / str(PID) / "exe"))
+    r = ProcessResourcer(procfs=ProcfsReader(str(tmp_path)))
+    resource = r.resource(PID)
+    assert resource == {
+        "process.pid": PID,
+        "process.executable.path": "/opt/app/cam\ufffd (deleted)",
+        "process.executable.name": "cam\ufffd (deleted)",
+    }
+    assert resource_bytes(resource)  # encodable as OTLP
 
 
 def test_refused_rules_name_the_rule_index() -> None:
@@ -133,8 +179,24 @@ def test_observed_keys() -> None:
         "process.creation.time",
         "container.id",
         "process.environment_variable.HOME",
+        # issue 23 item 3: what Kubernetes and the container runtime observe
+        "k8s.pod.name",
+        "k8s.namespace.name",
+        "k8s.container.name",
+        "k8s.deployment.name",
+        "k8s.pod.uid",
+        "container.name",
+        "container.image.name",
     ]
-    declared = ["service.name", "k8s.pod.name", "container.name", "process.runtime.name", "hostx"]
+    declared = [
+        "service.name",
+        "service.namespace",
+        "deployment.environment.name",
+        "process.runtime.name",
+        "hostx",
+        "k8sx",
+        "containerx",
+    ]
     assert [k for k in observed if not is_observed_key(k)] == []
     assert [k for k in declared if is_observed_key(k)] == []
 
@@ -146,15 +208,23 @@ def child() -> Iterator[subprocess.Popen[bytes]]:
         "OTEL_SERVICE_NAME": "live-trainer",
         "CUDA_VISIBLE_DEVICES": "3",
     }
+    # The child says when it runs: until its exec, /proc/<pid>/environ is still the parent's
+    # (a loaded machine showed it: the test read the parent's environment).
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, env=env
+        [sys.executable, "-c", "import sys; print('running', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
     )
     try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"running\n"
         yield proc
     finally:
-        assert proc.stdin is not None
+        assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.close()
         proc.wait(timeout=30)
+        proc.stdout.close()
 
 
 def test_live_process(child: subprocess.Popen[bytes]) -> None:

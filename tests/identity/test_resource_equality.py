@@ -33,6 +33,9 @@ from .conftest import load_cases
 from .fakeproc import PID, make_proc
 
 CASES = load_cases("profile_resource_cases.yaml")
+# The schema_url the profiler puts on every ResourceProfiles (v0.0.202633,
+# reporter/internal/pdata/generate.go: rp.SetSchemaUrl(semconv.SchemaURL), semconv v1.37.0).
+PROFILE_SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 
 
 def profile_resource(case: dict[str, Any]) -> resource_pb2.Resource:
@@ -64,6 +67,10 @@ class Sidecar:
 
     def gpu_resource(self) -> resource_pb2.Resource:
         """Record one per-process point for pid 4242 and return its resource as produced."""
+        return self.gpu_resource_metrics().resource
+
+    def gpu_resource_metrics(self) -> Any:
+        """Record one per-process point for pid 4242 and return its ResourceMetrics."""
         self.producer.record_process(
             PID,
             lambda buf: buf.points(names.MetricProcessMemoryUsage).append(
@@ -77,7 +84,7 @@ class Sidecar:
         )
         request = self.producer.collect()
         found = [
-            rm.resource
+            rm
             for rm in request.resource_metrics
             if any(
                 m.name == names.MetricProcessMemoryUsage
@@ -94,7 +101,15 @@ class Sidecar:
             for k, v in attributes(profile).items()
             if k.startswith(ENV_VAR_PREFIX)
         ]
-        self.store.declare(PID, start, b"", env, profile.SerializeToString(), declarer="exporter")
+        self.store.declare(
+            PID,
+            start,
+            b"",
+            env,
+            profile.SerializeToString(),
+            declarer="exporter",
+            schema_url=PROFILE_SCHEMA_URL,
+        )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
@@ -130,3 +145,37 @@ def test_enriched_mode_agrees_on_every_profile_key(case: dict[str, Any], tmp_pat
     sidecar.declare_as_the_profiles_exporter(profile_resource(case), case["procfs"]["start"])
     after = attributes(sidecar.gpu_resource())
     assert {k: after.get(k) for k in profile} == profile
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_schema_url_equals_the_profiles_before_and_after_the_declaration(
+    case: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 27 item 5: the per-process ResourceMetrics carries the declared resource's
+    schema_url; before the declaration, the one the profiler gives every profile resource."""
+    sidecar = Sidecar(case, tmp_path, "profiler")
+    assert sidecar.gpu_resource_metrics().schema_url == PROFILE_SCHEMA_URL
+    sidecar.declare_as_the_profiles_exporter(profile_resource(case), case["procfs"]["start"])
+    assert sidecar.gpu_resource_metrics().schema_url == PROFILE_SCHEMA_URL
+    # a declarer that sends another one (or none: older declarers) is taken verbatim
+    sidecar.store.declare(
+        PID,
+        case["procfs"]["start"],
+        b"",
+        [],
+        profile_resource(case).SerializeToString(),
+        schema_url="https://example.com/schemas/9",
+    )
+    assert sidecar.gpu_resource_metrics().schema_url == "https://example.com/schemas/9"
+    sidecar.store.declare(
+        PID, case["procfs"]["start"], b"", [], profile_resource(case).SerializeToString()
+    )
+    assert sidecar.gpu_resource_metrics().schema_url == ""
+
+
+@pytest.mark.parametrize("case", CASES[:1], ids=[c["id"] for c in CASES[:1]])
+def test_enriched_resources_carry_no_schema_url(case: dict[str, Any], tmp_path: Path) -> None:
+    sidecar = Sidecar(case, tmp_path, "enriched")
+    assert sidecar.gpu_resource_metrics().schema_url == ""
+    sidecar.declare_as_the_profiles_exporter(profile_resource(case), case["procfs"]["start"])
+    assert sidecar.gpu_resource_metrics().schema_url == ""

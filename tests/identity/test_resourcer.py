@@ -243,6 +243,65 @@ def child_with_context() -> Iterator[Publisher]:
         p.close()
 
 
+FORGED_K8S = {
+    "k8s.pod.name": "victim-pod",
+    "k8s.namespace.name": "prod",
+    "k8s.container.name": "main",
+    "k8s.deployment.name": "victim",
+    "container.name": "victim-ctr",
+}
+
+
+AS_NOBODY = """
+import ctypes, os, sys
+sys.path.insert(0, sys.argv[1])
+import ctx_publisher  # as root: nobody cannot read the interpreter's library
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+ctypes.CDLL(None).prctl(4, 1)  # PR_SET_DUMPABLE: /proc/<pid> shows its owner again, not root
+ctx_publisher._child_main()
+"""
+
+
+@pytest.fixture
+def forging_child() -> Iterator[Publisher]:
+    """A live child (as uid nobody when the tests run as root) that says it is another pod."""
+    env = dict(os.environ)
+    env["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(f"{k}={v}" for k, v in FORGED_K8S.items())
+    env["OTEL_SERVICE_NAME"] = "mine"
+    here = Path(__file__).parent
+    argv = [sys.executable, str(here / "ctx_publisher.py")]
+    if os.geteuid() == 0:
+        argv = [sys.executable, "-c", AS_NOBODY, str(here)]
+    p = Publisher.__new__(Publisher)
+    p.proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    p.pid = p.proc.pid
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def test_a_real_process_cannot_name_itself_another_pod(forging_child: Publisher) -> None:
+    """Issue 23 item 3: k8s.* and container.* from the process's own environment (read from
+    /proc/<pid>/environ) and from its OTEL_CTX mapping never reach its enriched resource."""
+    import pwd
+
+    pub = forging_child
+    pub.publish(encode_process_context({**FORGED_K8S, "k8s.statefulset.name": "victim-db"}))
+    r = new_process_resourcer(
+        None, None, "node-1", True, proc_root="/proc", host_pid_namespace=True, mode=ENRICHED
+    )
+    res = r.resource(pub.pid)
+    assert res is not None
+    assert res["service.name"] == "mine"  # what the process may say still applies
+    assert res["k8s.node.name"] == "node-1"  # configured, not claimed
+    assert [k for k in res if k.startswith(("k8s.", "container.")) and k != "k8s.node.name"] == []
+    owner = pwd.getpwuid(os.stat(f"/proc/{pub.pid}").st_uid).pw_name
+    assert res["process.owner"] == owner == ("nobody" if os.geteuid() == 0 else owner)
+
+
 def test_real_process_end_to_end(child_with_context: Publisher) -> None:
     """A live child: environment from /proc/<pid>/environ, context from its OTEL_CTX mapping."""
     pub = child_with_context

@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 import pytest
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("go.mod", "go.sum", "fakekubelet/main.go")
+SOURCES = ("go.mod", "go.sum", "fakekubelet/main.go", "fakekubelet/apiserver.go")
+TESTDATA = HERE / "testdata"
 BUILD_TIMEOUT_S = 900.0
 POLL_INTERVAL_S = 0.1
 
@@ -78,12 +79,40 @@ def device(resource: str, *ids: str) -> dict[str, Any]:
     return {"resource_name": resource, "device_ids": list(ids)}
 
 
-def pod(namespace: str, name: str, containers: Mapping[str, Sequence[dict[str, Any]]]) -> dict:
-    """A ``PodResources`` in upstream protobuf JSON: container name → its devices."""
+def pod(
+    namespace: str,
+    name: str,
+    containers: Mapping[str, Sequence[dict[str, Any]]],
+    claims: Mapping[str, Sequence[dict[str, Any]]] | None = None,
+) -> dict:
+    """A ``PodResources`` in upstream protobuf JSON: container name → its devices, and
+    (``claims``) container name → its ``dynamic_resources`` (:func:`claim`)."""
+    claims = claims or {}
     return {
         "name": name,
         "namespace": namespace,
-        "containers": [{"name": c, "devices": list(devs)} for c, devs in containers.items()],
+        "containers": [
+            {"name": c, "devices": list(devs), "dynamic_resources": list(claims.get(c, ()))}
+            for c, devs in containers.items()
+        ],
+    }
+
+
+def claim(namespace: str, name: str, *devices: tuple[str, str, str]) -> dict[str, Any]:
+    """A ``DynamicResource`` in upstream protobuf JSON: a claim and its (driver, pool, device)
+    triples, each with the CDI device NVIDIA's DRA driver names for it."""
+    return {
+        "claim_name": name,
+        "claim_namespace": namespace,
+        "claim_resources": [
+            {
+                "driver_name": driver,
+                "pool_name": pool,
+                "device_name": dev,
+                "cdi_devices": [{"name": f"k8s.{driver}/claim={name}-{dev}"}],
+            }
+            for driver, pool, dev in devices
+        ],
     }
 
 
@@ -95,6 +124,8 @@ class FakeKubelet:
         pods: the initial ``List`` answer's pods.
         allocatable: the initial ``GetAllocatableResources`` devices.
         socket_mode: the socket file's mode (octal text), e.g. ``"0600"``.
+        api_server: also serve ResourceSlices over HTTPS (``fakekubelet/apiserver.go``): the
+            URL is :attr:`api_url`, the CA :attr:`ca_file`, the bearer token :attr:`token`.
 
     """
 
@@ -104,24 +135,46 @@ class FakeKubelet:
         pods: Iterable[dict[str, Any]] = (),
         allocatable: Iterable[dict[str, Any]] = (),
         socket_mode: str = "0600",
+        api_server: bool = False,
     ) -> None:
         self.directory = directory
         self.socket = directory / "kubelet.sock"
         self.state_path = directory / "kubelet-state.json"
-        self._state: dict[str, Any] = {"socket_mode": socket_mode}
+        self.token = "fake-service-account-token"
+        self.ca_file = directory / "ca.crt"
+        self.api_url = ""
+        self._state: dict[str, Any] = {"socket_mode": socket_mode, "token": self.token}
         self.set(pods=pods, allocatable=allocatable)
+        argv = [
+            str(fakekubelet_binary()),
+            "-socket",
+            str(self.socket),
+            "-state",
+            str(self.state_path),
+        ]
+        if api_server:
+            argv += ["-apiserver-dir", str(directory)]
         self.proc = subprocess.Popen(
-            [fakekubelet_binary(), "-socket", self.socket, "-state", self.state_path],
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
         lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, args=(lines,), daemon=True).start()
-        first = lines.get(timeout=60)
-        assert first.startswith("listening "), f"the fake kubelet did not start: {first}"
-        self.output: list[str] = [first]
+        self._pump_thread = threading.Thread(
+            target=self._pump, args=(lines,), name="fakekubelet-output", daemon=True
+        )
+        self._pump_thread.start()
+        self.output: list[str] = []
+        while True:
+            line = lines.get(timeout=60)
+            self.output.append(line)
+            if line.startswith("apiserver "):
+                self.api_url = line.split(None, 1)[1].strip()
+                continue
+            assert line.startswith("listening "), f"the fake kubelet did not start: {line}"
+            break
 
     def _pump(self, lines: queue.Queue[str]) -> None:
         assert self.proc.stdout is not None
@@ -150,8 +203,11 @@ class FakeKubelet:
         partial.replace(self.state_path)
 
     def close(self) -> None:
-        """Stop the process and reap it (:func:`terminate`)."""
+        """Stop the process, reap it (:func:`terminate`) and join the thread reading its output."""
         terminate(self.proc, 10)
+        self._pump_thread.join(10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
 
 
 def terminate(proc: subprocess.Popen[Any], timeout_s: float) -> None:

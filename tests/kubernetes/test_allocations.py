@@ -27,7 +27,10 @@ MIG = "MIG-cccccccc-0000-5000-8000-000000000000"
         (A + "::3", GPUIdType.AUTO, ("uuid", A)),  # time-slicing / MPS replica
         (MIG, GPUIdType.UUID, ("uuid", MIG)),
         (MIG + "::7", GPUIdType.UUID, ("uuid", MIG)),  # EKS MIG replicas
-        ("MIG-GPU-" + A[4:] + "/1/0", GPUIdType.AUTO, ("uuid", "MIG-GPU-" + A[4:] + "/1/0")),
+        # the older MIG form (R450/R460 drivers, older device plugins): parent GPU, GI, CI
+        ("MIG-" + A + "/1/0", GPUIdType.AUTO, ("mig", A, 1, 0)),
+        ("MIG-" + A + "/13/2::4", GPUIdType.UUID, ("mig", A, 13, 2)),
+        ("MIG-" + A + "/1/0", GPUIdType.DEVICE_NAME, None),
         ("nvidia0", GPUIdType.AUTO, ("minor", 0)),
         ("nvidia12/vgpu3", GPUIdType.DEVICE_NAME, ("minor", 12)),
         ("nvidia1/gi5", GPUIdType.AUTO, ("gi", 1, 5)),
@@ -188,10 +191,53 @@ def test_a_shared_gpu_lists_every_holder_with_its_share():
     ]
 
 
+def test_the_older_mig_form_matches_the_mig_device_nvml_reports():
+    """``MIG-GPU-<uuid>/<gi>/<ci>`` names the MIG device of that GPU with that GPU instance and
+    compute instance, whatever UUID NVML gives the MIG device (issue 28 item 8a)."""
+    parent = "GPU-dddddddd-0000-4000-8000-000000000000"
+    allocations = build_allocations(
+        listing(
+            ("ml", "mig-a", {"w": [("nvidia.com/mig-3g.20gb", [f"MIG-{parent}/1/0"])]}),
+            ("ml", "mig-b", {"w": [("nvidia.com/mig-1g.5gb", [f"MIG-{parent}/5/0::1"])]}),
+            ("ml", "gone", {"w": [("nvidia.com/mig-1g.5gb", [f"MIG-{parent}/9/0"])]}),
+        ),
+        None,
+        KubernetesSettings(),
+    )
+    match = allocations.annotate(gpus())
+    assert dict(match.annotations[MIG].attributes)["k8s.pod.name"] == "mig-a"
+    assert dict(match.annotations["MIG-eeee"].attributes)["k8s.pod.name"] == "mig-b"
+    parent_note = match.annotations[parent]
+    assert dict(parent_note.attributes)["nvidia.gpu.k8s.shared"] is True
+    assert match.unmatched == {("mig", parent, 9, 0)}  # no instance 9 on that GPU
+
+
+def test_an_id_listed_for_two_containers_is_reported_as_stale():
+    """A terminal pod's allocation beside the running pod that reuses the device (issue 28
+    item 8c, kubernetes/kubernetes#119423): both stay holders, the id is reported."""
+    allocations = build_allocations(
+        listing(
+            ("ml", "job-1-done", {"main": [("nvidia.com/gpu", [A])]}),
+            ("ml", "job-2", {"main": [("nvidia.com/gpu", [A])]}),
+            ("ml", "shared-a", {"main": [("nvidia.com/gpu", [B + "::0"])]}),
+            ("ml", "shared-b", {"main": [("nvidia.com/gpu", [B + "::1"])]}),  # replicas: fine
+        ),
+        None,
+        KubernetesSettings(),
+    )
+    assert allocations.stale == ((A, (h("ml", "job-1-done"), h("ml", "job-2"))),)
+    note = allocations.annotate(gpus()).annotations[A]
+    assert dict(note.attributes)["nvidia.gpu.k8s.shared"] is True
+    assert [dict(a)["k8s.pod.name"] for a, _ in note.allocations] == ["job-1-done", "job-2"]
+
+
 def test_docstring_examples():
     import doctest
 
-    from gpumetrics.kubernetes import allocations
+    from gpumetrics.kubernetes import allocations, apiserver, emission
 
     result = doctest.testmod(allocations)
-    assert result.attempted >= 5 and result.failed == 0
+    assert result.attempted >= 6 and result.failed == 0
+    for module in (apiserver, emission):
+        result = doctest.testmod(module)
+        assert result.attempted >= 1 and result.failed == 0

@@ -150,3 +150,32 @@ def test_start_waits_for_the_first_read_at_most_the_given_time(fake_kubelet):
         assert attr.snapshot() is EMPTY
     finally:
         attr.stop(timeout_s=10)
+
+
+def test_an_ended_pods_allocation_beside_the_running_pod_is_logged_once(fake_kubelet, caplog):
+    """The kubelet lists a Succeeded pod's GPU beside the running pod that reuses it
+    (kubernetes/kubernetes#119423): both stay holders, and the stale allocation is logged once
+    across refreshes (issue 28 item 8c)."""
+    done = pod("ml", "job-1", {"main": [device("nvidia.com/gpu", GPU0)]})
+    running = pod("ml", "job-2", {"main": [device("nvidia.com/gpu", GPU0)]})
+    kubelet = fake_kubelet(pods=[done, running])
+    attr, _ = attribution(kubelet.socket)
+    caplog.set_level(logging.INFO, "gpumetrics.kubernetes")
+    try:
+        for _ in range(3):
+            assert attr.refresh()
+            notes = attr.annotate([GPU(uuid=GPU0, minor_number=0)])
+            assert dict(notes[GPU0].attributes)["nvidia.gpu.k8s.shared"] is True
+        stale = [
+            r
+            for r in records(caplog, "lists device ids for more than one container")
+            if r.levelno == logging.WARNING
+        ]
+        assert len(stale) == 1
+        assert f"{GPU0} held by ml/job-1/main and ml/job-2/main" in stale[0].getMessage()
+        kubelet.set(pods=[running])  # the ended pod was deleted
+        assert attr.refresh()
+        attr.annotate([GPU(uuid=GPU0, minor_number=0)])
+        assert len(records(caplog, "no device id is listed for more than one container")) == 1
+    finally:
+        attr.stop()

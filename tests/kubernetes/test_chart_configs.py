@@ -58,3 +58,33 @@ def test_rendered_sidecar_config_loads_and_matches_the_pod(name, tmp_path):
             assert (
                 str(collector["securityContext"]["runAsGroup"]) == config.server.unix_socket_group
             )
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_the_durable_store_is_on_a_host_path_the_sidecar_mounts(name, tmp_path):
+    """store.path is set and mounted from a hostPath, so the sidecar's unacknowledged batches
+    survive a new pod on the node (a DaemonSet rollout), not only a container restart."""
+    objs = objects(name)
+    config_map = next(
+        o for o in objs if o["kind"] == "ConfigMap" and "gpumetrics.yaml" in o["data"]
+    )
+    path = tmp_path / "gpumetrics.yaml"
+    path.write_text(config_map["data"]["gpumetrics.yaml"])
+    store_path = load_config(str(path), environ={}).store.path
+    assert store_path == "/var/lib/gpumetrics"
+    spec = next(o for o in objs if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    reader = next(
+        c for c in spec["containers"]
+        if any(e["name"] == "NVIDIA_VISIBLE_DEVICES" for e in c.get("env", []))
+    )  # fmt: skip
+    mount = next(m for m in reader["volumeMounts"] if m["mountPath"] == store_path)
+    assert not mount.get("readOnly")
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"] == {
+        "path": "/var/lib/gpumetrics/gpumetrics-gpumetrics",
+        "type": "DirectoryOrCreate",
+    }
+    if reader["securityContext"]["runAsUser"] != 0:  # the kubelet's directory is root's
+        init = {c["name"]: c for c in spec.get("initContainers", [])}["store-owner"]
+        assert init["command"][:2] == ["chown", "-R"] and store_path in init["command"]
+        assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}

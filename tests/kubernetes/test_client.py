@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
+import grpc
 import pytest
 from gpumetrics.kubernetes import Failure, PodResourcesClient, PodResourcesError
 
@@ -19,8 +21,9 @@ def client(kubelet, timeout_s=5.0, max_bytes=1 << 20):
 
 
 def test_list_decodes_the_upstream_answer_and_skips_fields_it_does_not_define(fake_kubelet):
+    """Devices and DRA claims are decoded; CPU ids, memory and topology are skipped."""
     train = pod("ml", "train-0", {"trainer": [device("nvidia.com/gpu", GPU0)]})
-    # Fields the sidecar's .proto leaves out: topology, cpu_ids, memory, dynamic resources.
+    # Fields the sidecar's .proto leaves out: topology, cpu_ids, memory.
     train["containers"][0]["devices"][0]["topology"] = {"nodes": [{"ID": 1}]}
     train["containers"][0]["cpu_ids"] = [4, 5]
     train["containers"][0]["memory"] = [{"memory_type": "memory", "size": 1 << 30}]
@@ -59,6 +62,12 @@ def test_list_decodes_the_upstream_answer_and_skips_fields_it_does_not_define(fa
         ("nvidia.com/gpu", [GPU0])
     ]
     assert list(sidecar.devices) == []
+    ((claim_name, driver, device_name),) = [
+        (d.claim_name, r.driver_name, r.device_name)
+        for d in trainer.dynamic_resources
+        for r in d.claim_resources
+    ]
+    assert (claim_name, driver, device_name) == ("gpu-claim", "gpu.nvidia.com", "gpu-0")
     assert [(d.resource_name, list(d.device_ids)) for d in allocatable.devices] == [
         ("nvidia.com/gpu", [GPU0, "GPU-1"]),
         ("example.com/nic", ["eth1"]),
@@ -119,6 +128,80 @@ def test_a_socket_owned_by_root_is_permission_denied_for_another_user(fake_kubel
     assert "permission denied" in message and "uid 0" in message
 
 
+ROOT_CHILD = """
+import sys
+from gpumetrics.kubernetes import PodResourcesClient, PodResourcesError
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+assert not int(status["CapEff"], 16) >> 1 & 1, "CAP_DAC_OVERRIDE (bit 1) was not dropped"
+try:
+    PodResourcesClient(sys.argv[1], 5.0, 1 << 20).list()
+except PodResourcesError as err:
+    print(err.kind.value); print(err)
+else:
+    print("ok")
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv (util-linux) to drop capabilities",
+)
+def test_root_without_the_capability_is_told_what_it_lacks_not_to_run_as_uid_0(fake_kubelet):
+    """As the chart runs it (uid 0, every capability dropped), a socket that is not root's
+    (a user namespace shows the host's root as 65534) is refused: the hint names the socket's
+    owner and mode and CAP_DAC_OVERRIDE, not "run as uid 0" (issue 28 item 8c)."""
+    kubelet = fake_kubelet(pods=[], socket_mode="0600")
+    os.chown(kubelet.socket, 65534, 65534)
+    done = subprocess.run(
+        [
+            "setpriv",
+            "--bounding-set=-dac_override,-dac_read_search",
+            "--inh-caps=-all",
+            "--",
+            sys.executable,
+            "-c",
+            ROOT_CHILD,
+            str(kubelet.socket),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    kind, message = done.stdout.splitlines()[:2]
+    assert kind == "permission_denied"
+    assert "run the sidecar as uid 0" not in message
+    assert "runs as uid 0" in message and "CAP_DAC_OVERRIDE" in message
+    assert "mode 0600, owner uid 65534 gid 65534" in message
+    assert "supplementalGroups: [65534]" in message
+
+
+@pytest.mark.parametrize(
+    ("mode", "owner", "caps", "wanted"),
+    [
+        (0o600, 0, 0, "lets uid 0 connect, so the refusal comes from a directory"),
+        (0o400, 0, 0, "gives the owner no write permission"),
+        (0o600, 65534, 0, "is not uid 0's"),
+        (0o600, 0, 1 << 1, "with CAP_DAC_OVERRIDE, so the refusal comes from a security module"),
+    ],
+)
+def test_the_root_hint_follows_the_socket_and_the_capabilities(tmp_path, mode, owner, caps, wanted):
+    from gpumetrics.kubernetes.client import permission_hint
+
+    path = tmp_path / "kubelet.sock"
+    path.write_text("")
+    path.chmod(mode)
+    if owner and os.geteuid() == 0:
+        os.chown(path, owner, owner)
+    elif owner:
+        pytest.skip("needs root to give the file another owner")
+    hint = permission_hint(str(path), euid=0, caps=caps)
+    assert wanted in hint
+    assert "run the sidecar as uid 0" not in hint
+    other = permission_hint(str(path), euid=1000, caps=0)
+    assert other.startswith("the kubelet's socket is root's: run the sidecar as uid 0")
+
+
 def test_a_hanging_kubelet_ends_at_the_deadline(fake_kubelet):
     kubelet = fake_kubelet(pods=[])
     kubelet.set(hang=True)
@@ -159,3 +242,26 @@ def test_allocatable_unimplemented_on_old_kubelets(fake_kubelet):
     with pytest.raises(PodResourcesError) as err:
         c.allocatable()
     assert err.value.kind is Failure.UNIMPLEMENTED
+
+
+class _Cancelled(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.CANCELLED
+
+    def details(self) -> str:
+        return "Stream removed (RST_STREAM (Received RST_STREAM with error code 8))"
+
+
+@pytest.mark.parametrize(
+    ("took_s", "kind"), [(4.9, Failure.DEADLINE_EXCEEDED), (1.0, Failure.ERROR)]
+)
+def test_a_reset_at_the_deadline_is_the_deadline(took_s, kind):
+    """A hung grpc-go kubelet resets the stream (RST_STREAM CANCEL) when the deadline we sent
+    passes, which can reach grpcio just before its own deadline fires: CANCELLED then, seen on
+    a loaded machine. At (nearly) the whole deadline it is classified as the deadline; earlier,
+    a cancellation stays an error."""
+    c = PodResourcesClient("/nonexistent/kubelet.sock", 5.0, 1 << 20)
+    err = c._classify("List", _Cancelled(), took_s)  # noqa: SLF001
+    assert err.kind is kind
+    if kind is Failure.DEADLINE_EXCEEDED:
+        assert "no answer within 5 s (kubernetes.timeout_s)" in str(err)

@@ -66,11 +66,13 @@ class Sidecar:
         }
         config.write_text(yaml.safe_dump({"kubernetes": settings}))
         self.socket = directory / "gm.sock"
+        self.profiler_socket = directory / "profiler.sock"  # its own socket, as by default
         self.log = directory / "sidecar.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [GPUMETRICS, "serve", "--config", config, "--simulate", SCENARIO,
                  "--listen", f"unix:{self.socket}", "--batch-interval", "0.5",
+                 "--profiler-listen", f"unix:{self.profiler_socket}",
                  "--log-format", "json"],
                 env=clean_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
@@ -223,7 +225,7 @@ def test_a_declared_process_keeps_the_pod_its_profiler_says(fake_kubelet, sideca
     sidecar = sidecars(kubelet)
     sidecar.batch_where(held, "a batch with the kubelet's allocations")
     declared = subprocess.run(
-        [GPUMETRICS, "declare", f"unix:{sidecar.socket}", "--pid", "4242",
+        [GPUMETRICS, "declare", f"unix:{sidecar.profiler_socket}", "--pid", "4242",
          "--start-time-ticks", "0", "--attr", "k8s.namespace.name=debug",
          "--attr", "k8s.pod.name=gpu-debugger", "--attr", "k8s.container.name=shell"],
         env=clean_env(), capture_output=True, text=True, timeout=60,

@@ -1,13 +1,17 @@
 """NVLink, fans, P-state, BAR1, remapped rows, retired pages, violations, encoder sessions and
 power limits: values from the scenario, semconv shapes, unsupported sources, call budget."""
 
+import importlib.util
 import logging
+import sys
 from pathlib import Path
 
 import pynvml
 from gpumetrics.metrics import names
 from gpumetrics.metrics.spec import catalogue
 from gpumetrics.nvml import records
+
+import nvmlsim as sim
 
 STEADY = {"cycle_timeout_s": 60.0}
 ROOT = Path(__file__).resolve().parents[2]
@@ -192,7 +196,9 @@ def test_remapped_rows_flags_and_counter_reset(nvml_run, helpers):
         "pending": True,
         "failure": True,
     }
-    run = nvml_run(_device(remapped_rows=rows), helpers.settings(errors_interval_s=1.0, **STEADY))
+    run = nvml_run(
+        _device(ecc={}, remapped_rows=rows), helpers.settings(errors_interval_s=1.0, **STEADY)
+    )
     run.cycle(3)
     out = run.output()
     corrected = out.find(names.MetricGPUMemoryRemappedRows, error__type="corrected")
@@ -331,3 +337,92 @@ def test_a_link_state_other_than_active_or_inactive_is_read_per_link(nvml_run, h
     # link 0's field is not answered (the scenario names only link 1's), link 1's is SLEEP:
     # both read per link
     assert run.calls("nvmlDeviceGetNvLinkState", 0) == 2
+
+
+def _minimum():
+    spec = importlib.util.spec_from_file_location(
+        "nvml_minimum", ROOT / "benchmarks" / "nvml_minimum.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it is executed
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_calls_per_cycle_are_the_catalogue_minimum(nvml_run, helpers):
+    minimum = _minimum()
+    assert minimum.check_catalogue() == []
+    data = sim.load_scenario("h100-sxm").model_dump(mode="json", exclude_unset=True)
+    device = data["devices"][0]
+    data["devices"] = [
+        {**device, "uuid": f"GPU-ee000000-0000-4000-8000-00000000000{i}", "index": i}
+        for i in range(2)
+    ]
+    data["driver"]["pcie_window_ms"] = 0
+    settings = helpers.settings(**STEADY)
+    run = nvml_run(data, settings)
+    run.cycle(3)  # discovery, capability answers, static reads, the first GPM sample
+    run.drv.reset_calls()
+    run.cycle(20)  # two errors_interval_s and pcie_interval_s reads among them
+    facts = minimum.device_facts(device)
+    assert facts.links == 18 and facts.fans == 0
+    expected = 20 * minimum.minimum_calls(2, 1, settings, facts)
+    assert sum(run.drv.calls.values()) == expected
+
+
+def test_a_board_with_zero_nvlink_links_is_a_fact_not_a_warning(nvml_run, helpers, caplog):
+    """Issue 28 item 6: a PCIe card answering NVML_FI_DEV_NVLINK_LINK_COUNT = 0 logged
+    "dropped 1 value(s) (out_of_range) links=0" and counted a dropped value."""
+    count = {"NVLINK_LINK_COUNT": {"value": 0, "value_type": "UNSIGNED_INT"}}
+    run = nvml_run(_device(temperature_c=40, field_values=count), helpers.settings(**STEADY))
+    with caplog.at_level(logging.INFO, logger="gpumetrics"):
+        run.cycle(3)
+    out = run.output()
+    assert out.find(names.MetricNetworkUp) == [] and out.find(names.MetricGPUNVLinkIO) == []
+    assert run.dropped("out_of_range") == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert run.calls("nvmlDeviceGetNvLinkState") == 0
+
+
+def test_nvlink_io_is_the_sum_over_every_link(nvml_run, helpers):
+    """nvml.h: the throughput fields' scopeId is the link (UINT_MAX: all links). The collector
+    asked scope 0, which on a driver that answers per link is link 0 alone."""
+    nvlink = {
+        "links": 4,
+        "per_link": {
+            0: {"data_tx_kib": 100, "data_rx_kib": 1},
+            1: {"data_tx_kib": 200, "data_rx_kib": 2},
+            3: {"data_tx_kib": {"pattern": "ramp", "start": 400, "per_s": 10}, "data_rx_kib": 4},
+        },
+    }
+    run = nvml_run(_device(nvlink=nvlink), helpers.settings(**STEADY))
+    run.cycle(2)
+    out = run.output()
+    tx = out.values(names.MetricGPUNVLinkIO, network__io__direction="transmit")
+    rx = out.values(names.MetricGPUNVLinkIO, network__io__direction="receive")
+    assert tx == [700 * 1024, 710 * 1024] and rx == [7 * 1024, 7 * 1024]
+
+
+def test_link_state_changes_over_time(nvml_run, helpers):
+    nvlink = {"links": 2, "down": [{"link": 1, "from_cycle": 2, "until_cycle": 3}]}
+    run = nvml_run(_device(nvlink=nvlink), helpers.settings(errors_interval_s=1.0, **STEADY))
+    run.cycle(3)
+    link1 = run.output().values(names.MetricNetworkUp, hw__id=f"{DEVICE}:nvlink:1")
+    assert link1 == [1, 0, 1]
+
+
+def test_remapped_rows_are_absent_on_a_mig_enabled_gpu(nvml_run, helpers):
+    """nvml.h: nvmlDeviceGetRemappedRows answers NOT_SUPPORTED "If MIG is enabled"; the
+    simulator used to answer the scenario's rows, so h100-mig reported them."""
+    run = nvml_run("h100-mig", helpers.settings(**STEADY))
+    run.cycle(2)
+    out = run.output()
+    for metric in (
+        names.MetricGPUMemoryRemappedRows,
+        names.MetricGPUMemoryRowRemapPending,
+        names.MetricGPUMemoryRowRemapFailure,
+    ):
+        assert out.find(metric) == []
+    assert run.calls("nvmlDeviceGetRemappedRows") == 1  # a capability answer: asked once
+    assert run.errors("nvmlDeviceGetRemappedRows", "NOT_SUPPORTED") == 1

@@ -52,6 +52,9 @@ class Reference(Producer):
             attrs[names.AttrProcessPID] = pid
             rm = req.resource_metrics.add()
             encode_attributes(rm.resource.attributes, attrs.items())
+            schema_url = getattr(resourcer, "schema_url", None)
+            if schema_url is not None:  # as the protobuf-API producer set it (issue 27)
+                rm.schema_url = schema_url(pid)
             psm = self._scope_metrics(rm, self._scope)
             for name, mc in by_pid[pid].items():
                 if len(mc) and name not in self._disabled:

@@ -7,6 +7,7 @@ deadline; the listener thread waits in the simulator in real time with a short t
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -348,3 +349,175 @@ def test_begin_stop_ends_the_listeners_wait_before_stop_is_called(nvml_run, help
     assert run.calls("nvmlEventSetFree") == run.calls("nvmlEventSetCreate") >= 1
     assert run.calls("nvmlShutdown") == 1
     assert run.drv.violations == []
+
+
+# --- issue 28 items 1-4 ----------------------------------------------------------------------
+FAST_RETRY = {"device_backoff_initial_s": 0.05, "device_backoff_max_s": 0.2}
+"""A registration retried on the device back-off: short, so the test waits little real time."""
+
+
+def _warnings(caplog: Any) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_registration_answering_unknown_rebuilds_the_set_and_retries(nvml_run, helpers, caplog):
+    """Issue 28 item 1: nvml.h says a set whose registration answered UNKNOWN is undefined and
+    should be freed. The listener kept it, GPU B was never registered again and its events were
+    lost. Now: free it, register every GPU on a new set, retry B on back-off, one WARNING."""
+    fault = {"function": "nvmlDeviceRegisterEvents", "device": 1, "code": "UNKNOWN", "calls": 2}
+    run = nvml_run(
+        two_gpus(faults=[fault], driver={"strict": True}), helpers.settings(**FAST_RETRY)
+    )
+    sink = attach(run)
+    with caplog.at_level(logging.DEBUG, logger="gpumetrics.nvml"):
+        run.cycle()
+        listener = run.col.events
+        assert listener is not None and listener.wait_registered(1, DEADLINE_S)
+        assert run.drv.emit_event(0, "xid", 13) == 1  # GPU A listens on the set built meanwhile
+        sink.wait_seen(1)
+        assert listener.wait_registered(2, DEADLINE_S)  # B, after two failed attempts
+    assert run.calls("nvmlDeviceRegisterEvents", 1) == 3
+    assert run.drv.emit_event(0, "xid", 13) == 1 and run.drv.emit_event(1, "xid", 43) == 1
+    seen = sink.wait_seen(3)
+    assert [(e.device_id, e.data) for e in seen] == [(GPU_A, 13), (GPU_A, 13), (GPU_B, 43)]
+    run.cycle()
+    out = run.output()
+    assert out.one(names.MetricGPUEvents, hw__id=GPU_A).value == 2  # nothing counted twice
+    assert out.one(names.MetricGPUEvents, hw__id=GPU_B).value == 1
+    warned = [m for m in _warnings(caplog) if "nvmlDeviceRegisterEvents" in m]
+    assert len(warned) == 1 and "undefined state" in warned[0] and GPU_B in warned[0]
+    assert run.errors("nvmlDeviceRegisterEvents", "UNKNOWN") == 2
+    # each undefined set was freed, never used again: no undefined_event_set violation
+    assert run.calls("nvmlEventSetFree") == run.calls("nvmlEventSetCreate") - 1
+    assert run.col.stop(5.0) and run.drv.violations == []
+
+
+def test_each_gpu_says_once_which_configured_types_it_lacks(nvml_run, helpers, caplog):
+    """Issue 28 item 1: registration uses mask & nvmlDeviceGetSupportedEventTypes, and one INFO
+    per GPU names the configured types it lacks (before: only a GPU lacking them all said so)."""
+    data = two_gpus()
+    data["devices"][1]["supported_events"] = ["xid", "single_bit_ecc"]
+    run = nvml_run(data, helpers.settings())
+    attach(run, types=["xid", "double_bit_ecc", "dram_retirement"])
+    with caplog.at_level(logging.INFO, logger="gpumetrics.nvml"):
+        start(run)
+        assert run.col.release(5.0)
+        run.col.resume()
+        run.cycle()  # a new session probes the types again: no second line
+        assert run.col.events is not None and run.col.events.wait_registered(2, DEADLINE_S)
+    lines = [r for r in caplog.records if "does not support the configured event types" in r.msg]
+    assert sorted(r.getMessage() for r in lines) == [
+        f"GPU {GPU_A} does not support the configured event types dram_retirement "
+        "(nvmlDeviceGetSupportedEventTypes); it is registered for the others",
+        f"GPU {GPU_B} does not support the configured event types double_bit_ecc, "
+        "dram_retirement (nvmlDeviceGetSupportedEventTypes); it is registered for the others",
+    ]
+    assert all(r.levelno == logging.INFO for r in lines)
+    assert run.drv.emit_event(1, "xid", 31) == 1  # registered for what it supports
+
+
+def test_a_recovery_action_event_carries_the_action_read_from_the_field(nvml_run, helpers):
+    """Issue 28 item 2: nvmlEventTypeGpuRecoveryAction has eventData 0; the action is
+    nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION). Before, eventData 0 was
+    rendered as the action `none`, an invented value; where the field fails it is unknown."""
+    data = two_gpus()
+    types = [*XID_TYPES, "gpu_recovery_action"]
+    for dev in data["devices"]:
+        dev["supported_events"] = types
+    reboot = {"pattern": "trace", "values": [0, 2]}  # NODE_REBOOT from cycle 2
+    data["devices"][0]["field_values"] = {
+        "GET_GPU_RECOVERY_ACTION": {"value": reboot, "value_type": "UNSIGNED_INT"}
+    }
+    run = nvml_run(data, helpers.settings())
+    sink = attach(run, types=types)
+    start(run)
+    run.drv.next_cycle()
+    assert run.drv.emit_event(0, "gpu_recovery_action") == 1
+    assert run.drv.emit_event(1, "gpu_recovery_action") == 1  # B does not answer the field
+    a, b = sink.wait_seen(2)
+    assert (a.recovery_action, a.reason) == (2, "")
+    assert (b.recovery_action, b.reason) == (None, "NOT_SUPPORTED")
+    got = {rattrs(r)["hw.id"]: r for r in records(sink)}
+    ra, rb = rattrs(got[GPU_A]), rattrs(got[GPU_B])
+    assert got[GPU_A].severity_text == "FATAL" and ra["nvidia.gpu.recovery_action"] == "node_reboot"
+    assert ra["nvidia.gpu.event.data"] == 0  # NVML's eventData, verbatim
+    assert (
+        rb["nvidia.gpu.recovery_action"] == "unknown" and rb["nvml.return_code"] == "NOT_SUPPORTED"
+    )
+    assert "recovery action unknown" in got[GPU_B].body.string_value
+    assert run.calls("nvmlDeviceGetFieldValues", 0) >= 1
+
+
+def test_xid_999_is_recorded_and_counted_as_nvmls_unknown_xid(nvml_run, helpers):
+    """Issue 28 item 3: nvml.h sets eventData to 999 for an unknown Xid; it was rendered as a
+    catalogue miss of an Xid 999."""
+    run = nvml_run(two_gpus(), helpers.settings())
+    sink = attach(run)
+    start(run)
+    assert run.drv.emit_event(0, "xid", 999, count=2) == 1
+    sink.wait_seen(2)
+    first = records(sink)[0]
+    assert first.body.string_value.startswith(f"Unknown Xid on gpu0 ({GPU_A})")
+    assert rattrs(first)["nvidia.gpu.xid.description"].startswith("Unknown Xid")
+    run.cycle()
+    counted = run.output().one(names.MetricGPUEvents, hw__id=GPU_A)
+    assert counted.value == 2 and counted.attrs["nvidia.gpu.xid.code"] == 999
+
+
+def test_one_lost_gpu_logs_one_warning(nvml_run, helpers, caplog):
+    """Issue 28 item 4: losing one GPU logged five WARNING/ERROR lines (the registration, "is
+    lost", a getter, the state change, a handle lookup). One line per state change now; the
+    detail is at DEBUG."""
+    data = yaml.safe_load(sim.field_case_path("F11_gpu_lost_and_back").read_text())
+    for dev in data["devices"]:
+        dev["supported_events"] = ["xid"]
+    lost_uuid = data["devices"][1]["uuid"]
+    run = nvml_run(data, helpers.settings(device_backoff_initial_s=2.0, device_backoff_max_s=2.0))
+    sink = attach(run)
+    start(run, gpus=len(data["devices"]))
+    run.cycle(2)  # cycles 2-3
+    with caplog.at_level(logging.DEBUG, logger="gpumetrics"):
+        run.cycle()  # cycle 4: the GPU falls off the bus, during the listener's wait
+        (lost,) = sink.wait_seen(1)
+        run.cycle(3)  # cycles 5-7: still lost, probed on back-off
+        run.cycle()  # cycle 8: back
+        assert run.col.events is not None and run.col.events.wait_registered(4, DEADLINE_S)
+    assert lost.type == "gpu_lost"
+    assert _warnings(caplog) == [f"GPU {lost_uuid}: ok -> failed GPU_IS_LOST"]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert any(f"GPU {lost_uuid} is lost (GPU_IS_LOST)" in m for m in debug)
+    back = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "is back" in r.msg
+    ]
+    assert back == [f"GPU {lost_uuid} is back (index 1)"]
+
+
+def test_the_sidecar_recovers_from_a_driver_reload(nvml_run, helpers):
+    """Issue 28 item 9: after the kernel module is reloaded under the sidecar, NVML answers
+    UNINITIALIZED until nvmlShutdown + nvmlInit, and sets created before are gone. The
+    collector shuts NVML down, initialises again and the listener registers on a new set;
+    no call uses the old set or the old handles (strict mode records none)."""
+    data = two_gpus(driver={"strict": True}, events=[{"at_cycle": 3, "action": "reload_driver"}])
+    for dev in data["devices"]:
+        dev["energy_mj"] = {"pattern": "ramp", "start": 1_000_000, "per_s": 1000}
+    run = nvml_run(data, helpers.settings(init_backoff_initial_s=1.0, init_backoff_max_s=1.0))
+    sink = attach(run)
+    start(run)
+    run.cycle()  # cycle 2
+    report = run.cycle()  # cycle 3: the reload: every call answers UNINITIALIZED
+    assert not report.up
+    listener = run.col.events
+    assert listener is not None and listener.wait_idle(DEADLINE_S)
+    for _ in range(5):  # re-initialised on back-off once the listener left NVML
+        if run.cycle().up:
+            break
+    assert listener.wait_registered(2, DEADLINE_S)
+    assert run.calls("nvmlInitWithFlags") == 2 and run.calls("nvmlShutdown") == 1
+    assert run.drv.emit_event(1, "xid", 43) == 1  # events flow on the new set
+    (event,) = sink.wait_seen(1)
+    assert event.device_id == GPU_B
+    run.cycle()
+    energy = run.output().find(names.MetricEnergy, hw__id=GPU_A)
+    assert energy[-1].value < energy[0].value  # restarted with the module: a new series
+    assert energy[-1].start > energy[0].start
+    assert run.col.stop(5.0) and run.drv.violations == []

@@ -10,6 +10,7 @@ import logging
 import time
 
 import pytest
+import yaml
 from gpumetrics.metrics import names
 from gpumetrics.metrics.producer import Producer
 from gpumetrics.nvml.collector import Collector
@@ -95,6 +96,28 @@ def test_F28_process_with_memory_not_available_keeps_its_resource_and_utilisatio
     assert out.values(PROC_UTIL, pid=3802, hw__gpu__task="general") == [0.0] * 3  # idle
     assert run.dropped("sentinel") == 0 and run.dropped("process_struct_mismatch") == 0
     assert run.failures() == 0
+
+
+def test_F28_a_listed_process_without_any_readable_value_is_counted(nvml_run):
+    """Issue 28 item 7: on WSL2 / WDDM NVML lists the process, its memory is N/A and there is
+    no per-process utilisation; nothing showed the GPU was in use. The per-list count does."""
+    data = yaml.safe_load(sim.field_case_path("F28_process_memory_not_available").read_text())
+    device = data["devices"][0]
+    del device["process_utilization"]  # NOT_SUPPORTED, as WSL2 answers (nvtop #432)
+    device["processes"].append(
+        {"pid": 3803, "name": "game", "types": ["compute", "graphics"], "used_memory_bytes": "n/a"}
+    )
+    run = nvml_run(data)
+    run.cycle(2)
+    out = run.output()
+    assert out.find(PROC_MEM) == [] and out.find(PROC_UTIL) == []  # nothing else to read
+    counts = {}
+    for p in out.find(names.MetricGPUProcessCount):
+        counts.setdefault(p.attrs["nvidia.gpu.process.type"], []).append(p.value)
+    # a C+G process is in both lists; each list is counted as NVML returned it
+    assert counts == {"compute": [3, 3], "graphics": [1, 1], "mps": [0, 0]}
+    start = run.col.devices()[0].start_ns
+    assert {p.start for p in out.find(names.MetricGPUProcessCount)} == {start}
 
 
 # --- F29: reserved memory --------------------------------------------------------------------

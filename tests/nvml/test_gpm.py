@@ -149,6 +149,7 @@ def test_h100_mig_each_gpu_instance_has_its_own_gpm_and_no_board_value_is_copied
         names.MetricGPUProfPipeActivity,
         names.MetricGPUProfDRAMActivity,
         names.MetricProcessMemoryUsage,
+        names.MetricGPUProcessCount,  # each instance's own process lists
     }
     for metric in (names.MetricPower, names.MetricGPUBAR1MemoryLimit, names.MetricNetworkUp):
         assert {p.attrs.get("hw.parent", p.attrs["hw.id"]) for p in out.find(metric)} == {
@@ -238,3 +239,40 @@ def test_engine_activity_is_off_by_default_and_costs_no_extra_call(nvml_run, hel
     assert out.find(names.MetricGPUProfEngineActivity) == []
     assert out.find(names.MetricGPUProfSMActivity) != []
     assert run.calls("nvmlGpmMetricsGet") == 2  # the same single request per tick
+
+
+def test_gpm_works_below_a_100_ms_interval(nvml_run, helpers):
+    """Issue 28 item 5: at a 50 ms interval every pair of consecutive samples was under
+    NVML's 100 ms minimum and discarded: nvmlGpmSampleGet every tick, nvmlGpmMetricsGet never,
+    no point ever. The older sample is kept until the pair spans 100 ms."""
+    ramp = {"pattern": "ramp", "start": 10, "per_s": 20}  # SM_UTIL 10 % at install, +1 % / 50 ms
+    data = {
+        "format": 1,
+        "clock": {"cycle_seconds": 0.05},
+        "devices": [_gpm_device({"SM_UTIL": ramp})],
+    }
+    run = nvml_run(data, helpers.settings(interval_s=0.05, pcie_interval_s=1.0, **STEADY))
+    start_ns = run.drv.now_us * 1000
+    run.cycle(9)  # ticks at 0, 50, ..., 400 ms
+    points = run.output().find(names.MetricGPUProfSMActivity)
+    # a pair every other tick, each spanning exactly 100 ms: [0, 100], [100, 200], ...
+    assert [(p.time - start_ns) // 1_000_000 for p in points] == [100, 200, 300, 400]
+    # the mean of the ramp over each pair: 10 + 20 % / s at the pair's midpoint
+    assert [round(p.value, 9) for p in points] == [0.11, 0.13, 0.15, 0.17]
+    assert run.calls("nvmlGpmSampleGet", 0) == 9 and run.calls("nvmlGpmMetricsGet") == 4
+    assert run.failures() == 0 and run.drv.violations == []
+
+
+def test_non_finite_gpm_values_are_dropped_and_counted(nvml_run, helpers):
+    """A real GPM answer can be NaN or Inf (issue 28 item 9): never emitted, counted as
+    gpumetrics.values.dropped{reason=non_finite}; the finite metrics of the same read stay."""
+    nan_step = {"pattern": "trace", "values": [40, float("nan"), 40, 40]}
+    metrics = {"SM_UTIL": nan_step, "DRAM_BW_UTIL": float("inf"), "GRAPHICS_UTIL": 55}
+    run = nvml_run({"format": 1, "devices": [_gpm_device(metrics)]}, helpers.settings(**STEADY))
+    run.cycle(4)  # pairs [0 s, 1 s] 40 %, [1, 2] the NaN step, [2, 3] 40 %
+    out = run.output()
+    assert out.values(names.MetricGPUProfSMActivity) == [0.4, 0.4]
+    assert out.find(names.MetricGPUProfDRAMActivity) == []
+    assert out.values(names.MetricGPUProfGraphicsEngineActivity) == [0.55] * 3
+    assert run.dropped("non_finite") == 1 + 3  # SM_UTIL once, DRAM_BW_UTIL every pair
+    assert run.dropped("out_of_range") == 0

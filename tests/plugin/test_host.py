@@ -37,6 +37,8 @@ def host_env(tmp_path, **extra):
             "PLUGIN_MIN_PORT": "10000",
             "PLUGIN_MAX_PORT": "25000",
             "PLUGIN_UNIX_SOCKET_DIR": str(tmp_path),
+            # the profiler service's socket: never the machine's default one
+            "GPUMETRICS_PROFILER_LISTEN": f"unix:{tmp_path / 'profiler.sock'}",
         }
     )
     env.update(extra)
@@ -89,9 +91,15 @@ class Plugin:
         return rc
 
     def kill(self):
+        """Teardown: kill the child if it runs, join the threads reading its pipes."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+        self._out.join(10)  # both end at the end of their pipe
+        self._err.join(10)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def wait_serving(channel, name, timeout=30):

@@ -69,6 +69,7 @@ def test_sidecar_exits_when_the_host_dies(tmp_path):
             COOKIE_KEY: COOKIE_VALUE,
             "PLUGIN_PROTOCOL_VERSIONS": "1",
             "PLUGIN_UNIX_SOCKET_DIR": str(tmp_path),
+            "GPUMETRICS_PROFILER_LISTEN": f"unix:{tmp_path / 'profiler.sock'}",  # not the default
         }
     )
     result = subprocess.run(

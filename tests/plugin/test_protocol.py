@@ -6,11 +6,13 @@ import os
 import socket
 import stat
 import threading
+import time
 from concurrent import futures
 
 import grpc
 import pytest
 from gpumetrics.runtime.parent import ParentWatcher
+from gpumetrics.service.gate import join_pool
 from gpumetrics.service.plugin import (
     COOKIE_KEY,
     COOKIE_VALUE,
@@ -173,7 +175,8 @@ def test_stdio_data_is_encoded_like_protobuf():
 def served():
     shutdown = threading.Event()
     services = PluginServices(shutdown.set)
-    server = new_server()
+    pool = futures.ThreadPoolExecutor(max_workers=4)
+    server = grpc.server(pool, options=[("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers(services.handlers())
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -181,6 +184,7 @@ def served():
     yield services, shutdown, channel
     channel.close()
     server.stop(0).wait()
+    assert join_pool(pool, time.monotonic() + 10), "the plugin services' threads did not end"
 
 
 def test_controller_shutdown_answers_at_once_and_signals(served):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
+from gpumetrics.service.gate import join_pool
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
 
@@ -61,14 +63,28 @@ class FakeCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
         return response
 
 
+class PooledServer:
+    """A ``grpc.Server`` on a thread pool of its own; :meth:`stop` also joins the pool's threads
+    (``grpc.Server.stop`` leaves them running)."""
+
+    def __init__(self, workers: int) -> None:
+        self.pool = futures.ThreadPoolExecutor(max_workers=workers)
+        self.server = grpc.server(self.pool)
+
+    def stop(self) -> None:
+        """Stop serving at once and join the call threads (at most 10 s)."""
+        self.server.stop(0).wait()
+        assert join_pool(self.pool, time.monotonic() + 10), "the server's threads did not end"
+
+
 @pytest.fixture
 def collector() -> Iterator[tuple[FakeCollector, str]]:
     fake = FakeCollector()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(fake, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    served = PooledServer(4)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(fake, served.server)
+    port = served.server.add_insecure_port("127.0.0.1:0")
+    served.server.start()
     try:
         yield fake, f"127.0.0.1:{port}"
     finally:
-        server.stop(0).wait()
+        served.stop()

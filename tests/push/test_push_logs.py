@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -12,8 +11,10 @@ import pytest
 from gpumetrics.events import EventProducer, EventSettings, GpuEvent
 from gpumetrics.selftelemetry import Telemetry, WithAttributes
 from gpumetrics.service.push import LOGS, PUSH_CONSUMER, ExportResult, PushExporter, PushSettings
-from gpumetrics.store import BatchStore
+from gpumetrics.store import BatchStore, signals
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+
+from .conftest import PooledServer
 
 GPU = (("hw.id", "GPU-0"), ("hw.name", "gpu0"))
 
@@ -41,18 +42,18 @@ class FakeLogsCollector(logs_service_pb2_grpc.LogsServiceServicer):
 @pytest.fixture
 def logs_collector() -> Iterator[tuple[FakeLogsCollector, str]]:
     fake = FakeLogsCollector()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(fake, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    served = PooledServer(2)
+    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(fake, served.server)
+    port = served.server.add_insecure_port("127.0.0.1:0")
+    served.server.start()
     try:
         yield fake, f"127.0.0.1:{port}"
     finally:
-        server.stop(0).wait()
+        served.stop()
 
 
 def logs_store(n: int) -> BatchStore:
-    store = BatchStore()
+    store = BatchStore(signal=signals.LOGS)
     producer = EventProducer(EventSettings())
     for code in range(n):
         producer.record(GpuEvent("xid", 100 + code, "GPU-0", GPU, 10**18))

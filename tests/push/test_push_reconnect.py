@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent import futures
 
 import grpc
 from gpumetrics.service.push import ExportResult, PushExporter, PushSettings, open_channel
@@ -18,23 +17,23 @@ from gpumetrics.store import BatchStore
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 
 from ..store.conftest import build_request
-from .conftest import FakeCollector
+from .conftest import FakeCollector, PooledServer
 
 TIMEOUT = 30.0
 
 
-def serve(fake: FakeCollector, port: int) -> tuple[grpc.Server, int]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(fake, server)
-    bound = server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    return server, bound
+def serve(fake: FakeCollector, port: int) -> tuple[PooledServer, int]:
+    served = PooledServer(2)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(fake, served.server)
+    bound = served.server.add_insecure_port(f"127.0.0.1:{port}")
+    served.server.start()
+    return served, bound
 
 
 def test_an_export_begun_during_an_outage_goes_through_when_the_collector_returns(caplog):
     fake = FakeCollector()
     server, port = serve(fake, 0)
-    server.stop(0).wait()  # the collector is away; its port is known
+    server.stop()  # the collector is away; its port is known
     settings = PushSettings(
         endpoint=f"127.0.0.1:{port}", insecure=True, timeout_s=TIMEOUT, initial_backoff_s=0.01
     )
@@ -65,13 +64,13 @@ def test_an_export_begun_during_an_outage_goes_through_when_the_collector_return
     finally:
         channel.unsubscribe(watch)
         exporter.shutdown(flush_timeout_s=1.0)
-        server.stop(0)
+        server.stop()
 
 
 def test_shutdown_ends_an_export_that_waits_for_an_absent_collector():
     fake = FakeCollector()
     server, port = serve(fake, 0)
-    server.stop(0).wait()
+    server.stop()
     settings = PushSettings(
         endpoint=f"127.0.0.1:{port}", insecure=True, timeout_s=600, interval_s=0.01
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -17,7 +16,7 @@ from gpumetrics.service.push import ExportResult, PushExporter, PushSettings
 from gpumetrics.store import BatchStore
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 
-from .conftest import FakeCollector
+from .conftest import FakeCollector, PooledServer
 from .test_push import batch
 
 
@@ -68,7 +67,8 @@ def pki(tmp_path_factory):
 
 def tls_collector(pki, mtls):
     fake = FakeCollector()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    served = PooledServer(2)
+    server = served.server
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(fake, server)
     creds = grpc.ssl_server_credentials(
         [((pki / "server.key").read_bytes(), (pki / "server.pem").read_bytes())],
@@ -77,7 +77,7 @@ def tls_collector(pki, mtls):
     )
     port = server.add_secure_port("127.0.0.1:0", creds)
     server.start()
-    return fake, server, f"127.0.0.1:{port}"
+    return fake, served, f"127.0.0.1:{port}"
 
 
 @pytest.mark.parametrize("mtls", [False, True])
@@ -98,7 +98,7 @@ def test_push_over_tls(pki, mtls):
         assert exporter.export_pending() == [ExportResult.SENT]
         assert len(fake.requests) == 1
     finally:
-        server.stop(0)
+        server.stop()
 
 
 def test_mtls_without_a_client_certificate_is_not_acknowledged(pki):
@@ -111,4 +111,4 @@ def test_mtls_without_a_client_certificate_is_not_acknowledged(pki):
         assert exporter.export_pending() == [ExportResult.RETRY_LATER]
         assert fake.requests == []
     finally:
-        server.stop(0)
+        server.stop()

@@ -1,15 +1,18 @@
 """A sidecar in its own process, with the default limits and a backlog, for the memory ceiling.
 
-``python tests/reliability/memory_sidecar.py DIR BACKLOG_MB``
+``python tests/reliability/memory_sidecar.py DIR BACKLOG_MB [STORE_PATH]``
 
 Builds :class:`gpumetrics.runtime.Sidecar` as ``serve`` does (default configuration: every
-limit at its default; listener ``unix:DIR/gm.sock``; the real ``/proc`` so declarations of live
-pids are kept; and, first, :func:`~gpumetrics.runtime.memory.return_large_buffers_to_the_os`,
-which ``serve`` calls), with a collector that records nothing, so only what clients do moves its
-memory. Before serving it stores ``BACKLOG_MB`` of batches shaped like the store's sizing node
-(64 processes with typical resources, gauges sampled every second), as a Collector that was
-away would find them. It prints ``READY`` and serves until its standard input closes, then prints
-one JSON line of its stores' figures and exits.
+limit at its default; the default listeners, moved into ``DIR``: the pull service on
+``unix:DIR/gm.sock`` and the profiler service on its own socket ``unix:DIR/profiler.sock``
+through the peer-credentials relay; the real ``/proc`` so declarations of live pids are kept;
+and, first, :func:`~gpumetrics.runtime.memory.return_large_buffers_to_the_os`, which ``serve``
+calls), with a collector that records nothing, so only what clients do moves its memory.
+Before serving it stores ``BACKLOG_MB`` of batches shaped like the store's sizing node (64
+processes with typical resources, gauges sampled every second), as a Collector that was away
+would find them. It prints ``READY`` and serves until its standard input closes, then prints one
+JSON line of its stores' figures and exits. With ``STORE_PATH`` its stores are durable
+(``store.path``): the backlog is committed to disk as it is appended, every Pull commits.
 """
 
 from __future__ import annotations
@@ -74,13 +77,27 @@ def batch(index: int, processes: int = 64, samples: int = 80) -> bytes:
     return req.SerializeToString()
 
 
+def listeners(directory: Path) -> dict[str, list[str]]:
+    """The default listeners with their sockets in ``directory`` (not the machine's /run).
+
+    The profiler service on a socket of its own, through the relay that checks each caller's
+    ``SO_PEERCRED`` (it trusts the test's own uid, as it trusts the sidecar's).
+    """
+    return {
+        "listen": [f"unix:{directory / 'gm.sock'}"],
+        "profiler_listen": [f"unix:{directory / 'profiler.sock'}"],
+    }
+
+
 def main() -> int:
     directory, backlog_mb = Path(sys.argv[1]), float(sys.argv[2])
+    store_path = sys.argv[3] if len(sys.argv) > 3 else None
     return_large_buffers_to_the_os()
     config = SidecarConfig.model_validate(
         {
-            "server": {"listen": [f"unix:{directory / 'gm.sock'}"]},
+            "server": listeners(directory),
             "identity": {"node_name": "memory-node", "in_kubernetes": False},
+            "store": {"path": store_path},
         }
     )
     sidecar = Sidecar(config, collector_factory=_Idle)
@@ -101,6 +118,7 @@ def main() -> int:
         "pull_budget_peak": parts.server.pull.budget.peak,
         "pull_budget_limit": parts.server.pull.budget.limit,
         "resyncs_in_progress": parts.declared.resyncs_in_progress,
+        "durable": parts.store.durable_state,
     }
     sidecar.request_stop("stdin closed")
     sidecar.shutdown(5.0)

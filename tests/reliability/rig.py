@@ -111,6 +111,10 @@ class Rig:
         (tmp / "proc").mkdir(exist_ok=True)
         data: dict[str, Any] = {k: dict(v) for k, v in (config or {}).items()}
         data.setdefault("server", {}).setdefault("listen", ["127.0.0.1:0"])
+        # declarations on the main listener (as on a single-user host that allows it), never on
+        # the machine's default profiler socket
+        data["server"].setdefault("profiler_listen", [])
+        data["server"].setdefault("allow_unauthenticated_declare", True)
         data.setdefault("identity", {}).update(
             proc_root=str(tmp / "proc"),
             host_pid_namespace=True,

@@ -5,10 +5,10 @@
 :class:`gpumetrics.runtime.Sidecar` from a :class:`SidecarConfig` (real ``DeclaredStore``,
 ``ProcessResourcer``, ``BatchStore`` and ``SidecarServer`` on a unix socket) with the real NVML
 ``Collector`` on the simulator's clock, and starts only the gRPC server. The soak then calls
-:meth:`SoakNode.cycle`: one ``Collector.collect_once`` and one batch, whose
-``ExportMetricsServiceRequest`` is kept for inspection and whose point count goes into the
-``ledger`` (sequence -> points) *before* the batch is appended, so concurrent consumers can
-check what they receive against it.
+:meth:`SoakNode.cycle`: one ``Collector.collect_once`` and one batch, whose collection
+(``Producer.collect_parts``, parsed as one ``ExportMetricsServiceRequest``) is kept for
+inspection and whose point count goes into the ``ledger`` (sequence -> points) *before* the
+batch is appended, so concurrent consumers can check what they receive against it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 from gpumetrics.config import SidecarConfig
-from gpumetrics.metrics import count_points
+from gpumetrics.metrics import CollectionParts, count_points
 from gpumetrics.nvml.collector import Collector, CycleReport
 from gpumetrics.runtime import Batcher, Sidecar
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -56,17 +56,21 @@ def node_scenario(gpus: int, plan: Plan) -> sim.Scenario:
 
 
 class _RecordingProducer:
-    """Wraps the sidecar's Producer: keeps the last request and writes the ledger first."""
+    """Wraps the sidecar's Producer: keeps the last collection and writes the ledger first."""
 
     def __init__(self, producer: Any, store: Any, ledger: dict[int, int]) -> None:
         self._producer, self._store, self._ledger = producer, store, ledger
         self.last: metrics_service_pb2.ExportMetricsServiceRequest | None = None
 
-    def collect(self) -> metrics_service_pb2.ExportMetricsServiceRequest:
-        request = self._producer.collect()
+    def collect_parts(self, max_bytes: int = 0) -> CollectionParts:
+        collection = self._producer.collect_parts(max_bytes)
+        request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(
+            b"".join(data for data, _ in collection.parts)
+        )
         self._ledger[self._store.last_sequence + 1] = count_points(request)
+        assert count_points(request) == collection.points
         self.last = request
-        return request
+        return collection
 
 
 class SoakNode:
@@ -81,7 +85,12 @@ class SoakNode:
         self.socket = str(tmp / "gm.sock")
         config = SidecarConfig.model_validate(
             {
-                "server": {"listen": [f"unix://{self.socket}"], "max_streams": 4},
+                # every service on the one socket (its peer check trusts the test's own uid)
+                "server": {
+                    "listen": [f"unix://{self.socket}"],
+                    "profiler_listen": [],
+                    "max_streams": 4,
+                },
                 "store": {
                     "max_bytes": STORE_MAX_BYTES,
                     "max_data_points": STORE_MAX_POINTS,

@@ -50,6 +50,9 @@ raw_text = st.one_of(
     st.text(alphabet=st.sampled_from("-:{}[]&*!|>'\"#% \n\tab1.\x00\\"), max_size=120),
 )
 
+_GPU_UUID = "GPU-11111111-2222-4333-8444-555555555555"
+"""A GPU UUID of NVML's shape (nvmlsim refuses any other)."""
+
 
 def _paths(tree: Any, prefix: tuple = ()) -> list[tuple]:
     out = [prefix]
@@ -210,7 +213,7 @@ SMALL_SCENARIO = {
     "format": 1,
     "devices": [
         {
-            "uuid": "GPU-11111111-2222-4333-8444-555555555555",
+            "uuid": _GPU_UUID,
             "name": "NVIDIA L4",
             "memory": {"total_bytes": 24152899584, "used_bytes": 2147483648},
             "power": {"usage_mw": 41000, "management_limit_mw": 72000, "enforced_limit_mw": 72000},
@@ -295,7 +298,7 @@ def test_scenario_non_finite_readings_are_rejected(
     """Found by test_scenario_files: NaN passed validation, then the simulator answered UNKNOWN
     with an internal_error violation (``cannot convert float NaN to integer``)."""
     path = tmp_path / "nan.yaml"
-    path.write_text(f"format: 1\ndevices:\n- uuid: GPU-1\n  {reading}\n")
+    path.write_text(f"format: 1\ndevices:\n- uuid: {_GPU_UUID}\n  {reading}\n")
     with pytest.raises(sim.ScenarioError) as err:
         sim.load_scenario(path)
     assert any(
@@ -307,7 +310,9 @@ def test_scenario_cycle_shorter_than_the_clock_resolution_is_rejected(tmp_path: 
     """Found by test_scenario_files (long form): ``cycle_seconds: 1e-273`` passed ``gt=0``, then
     rounded to a 0 µs cycle and every cycle computation divided by zero."""
     path = tmp_path / "tiny.yaml"
-    path.write_text("format: 1\nclock: {cycle_seconds: 1.0e-273}\ndevices: [{uuid: GPU-1}]\n")
+    path.write_text(
+        f"format: 1\nclock: {{cycle_seconds: 1.0e-273}}\ndevices: [{{uuid: {_GPU_UUID}}}]\n"
+    )
     with pytest.raises(sim.ScenarioError) as err:
         sim.load_scenario(path)
     assert [p for p, _ in err.value.problems] == ["clock.cycle_seconds"]

@@ -46,6 +46,7 @@ class Sidecar:
 
     def __init__(self, socket_path: Path, log: Path) -> None:
         self.address = f"unix://{socket_path}"
+        self.profiler_address = f"unix://{socket_path.with_name('profiler.sock')}"
         self.log = log
         with open(log, "ab") as err:
             self.proc = subprocess.Popen(
@@ -58,6 +59,8 @@ class Sidecar:
                     "h100-8x-training",
                     "--listen",
                     self.address,
+                    "--profiler-listen",  # its own socket, as by default (killed and reused too)
+                    self.profiler_address,
                     "--batch-interval",
                     "0.2",
                     "--collection-interval",
@@ -95,8 +98,9 @@ class Sidecar:
 class Load:
     """A consumer and a profiler hammering the sidecar from their own threads until stopped."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, profiler_address: str) -> None:
         self.address = address
+        self.profiler_address = profiler_address
         self.stop = threading.Event()
         self.errors: list[str] = []
         self.down_codes: dict[str, int] = {}
@@ -168,7 +172,7 @@ class Load:
 
     def _declare(self) -> None:
         pids = list(range(700_001, 700_041))
-        with grpc.insecure_channel(self.address) as ch:
+        with grpc.insecure_channel(self.profiler_address) as ch:
             stub = profiler_pb2_grpc.ProfilerIntegrationServiceStub(ch)
             for _ in range(10_000):
                 if self.stop.is_set():
@@ -235,6 +239,7 @@ def _first_collection(
     turns SERVING only after the first batch that follows a complete cycle is stored, so once the
     caller saw SERVING such a batch is held (or was already acknowledged by the load's
     consumer, which then holds later ones): this reads forward with ``read_after_sequence``
+    (with the epoch it read, without which the sidecar ignores the position, docs/protocol.md)
     and never acknowledges, so it releases nothing the load's consumer has not seen.
     """
     after, epoch = 0, ""
@@ -243,7 +248,10 @@ def _first_collection(
         for _ in range(1000):
             r = stub.Pull(
                 pull_pb2.PullRequest(
-                    consumer="inspector", max_data_points=1, read_after_sequence=after
+                    consumer="inspector",
+                    max_data_points=1,
+                    ack_epoch=epoch,
+                    read_after_sequence=after,
                 ),
                 timeout=30,
             )
@@ -266,7 +274,7 @@ def test_kill9_under_load_and_restart(sidecars, short_tmp: Path, form, figures, 
     first_epoch, batch = _first_collection(sidecars[-1].address)
     gpus = set(hw_status(batch, cycles=100))
     assert len(gpus) == 8, gpus
-    load = Load(sidecars[-1].address)
+    load = Load(sidecars[-1].address, sidecars[-1].profiler_address)
     load.start()
     epoch = first_epoch
     try:

@@ -143,6 +143,11 @@ def sidecar() -> Iterator[MakeSidecar]:
         **settings: Any,
     ) -> Sidecar:
         settings.setdefault("listen", ["127.0.0.1:0"])
+        # The servicer tests declare on the main loopback listener, as a single-user host may
+        # (server.allow_unauthenticated_declare); never on the machine's default socket.
+        if "profiler_listen" not in settings:
+            settings["profiler_listen"] = []
+            settings.setdefault("allow_unauthenticated_declare", True)
         telemetry = Telemetry()
         store = store or BatchStore(limits, telemetry=telemetry)
         for i in range(append):

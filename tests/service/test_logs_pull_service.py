@@ -12,7 +12,7 @@ from gpumetrics.events import EventProducer, EventSettings, GpuEvent, count_log_
 from gpumetrics.identity import DeclaredStore
 from gpumetrics.selftelemetry import Telemetry, WithAttributes
 from gpumetrics.service import LOGS_PULL_SERVICE, ServerSettings, SidecarHealth, SidecarServer
-from gpumetrics.store import BatchStore, StoreLimits
+from gpumetrics.store import LOGS, BatchStore, StoreLimits
 from gpumetrics.v1 import logs_pull_pb2, logs_pull_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
@@ -25,6 +25,8 @@ GPU = (("hw.id", "GPU-1"), ("hw.name", "gpu0"))
 class Rig:
     def __init__(self, logs_store: BatchStore | None, **settings: Any) -> None:
         settings.setdefault("listen", ["127.0.0.1:0"])
+        settings.setdefault("profiler_listen", [])  # never the machine's default socket
+        settings.setdefault("allow_unauthenticated_declare", True)
         self.telemetry = Telemetry()
         self.logs_store = logs_store
         self.health = SidecarHealth()
@@ -77,7 +79,7 @@ def rig() -> Iterator[MakeRig]:
 def store_with(batches: list[list[int]], limits: StoreLimits | None = None) -> BatchStore:
     """A log store holding one batch per list of Xid codes, made by the real EventProducer."""
     tel = Telemetry()
-    store = BatchStore(limits, telemetry=WithAttributes(tel, {"signal": "logs"}))
+    store = BatchStore(limits, telemetry=WithAttributes(tel, {"signal": "logs"}), signal=LOGS)
     producer = EventProducer(EventSettings(storm_burst=100))
     for i, codes in enumerate(batches):
         for code in codes:
@@ -119,7 +121,7 @@ def test_pull_logs_is_at_least_once_with_sequences_and_acks(rig: MakeRig) -> Non
 
 
 def test_an_empty_log_store_answers_empty_not_unavailable(rig: MakeRig) -> None:
-    r = rig(BatchStore())
+    r = rig(BatchStore(signal=LOGS))
     resp = pull(r.stub(), consumer="c")
     assert (resp.export_logs_service_request, resp.last_sequence, resp.more) == (b"", 0, False)
     assert resp.epoch == r.store.epoch
@@ -127,7 +129,7 @@ def test_an_empty_log_store_answers_empty_not_unavailable(rig: MakeRig) -> None:
 
 def test_drops_are_reported_in_log_records(rig: MakeRig) -> None:
     limits = StoreLimits(max_data_points=2)
-    store = BatchStore(limits)
+    store = BatchStore(limits, signal=LOGS)
     r = rig(store)
     stub = r.stub()
     assert pull(stub, consumer="c").last_sequence == 0  # registers the consumer
@@ -155,7 +157,7 @@ def test_drops_are_reported_in_log_records(rig: MakeRig) -> None:
 def test_malformed_requests_name_the_field(
     rig: MakeRig, request_fields: dict[str, Any], field: str
 ) -> None:
-    r = rig(BatchStore())
+    r = rig(BatchStore(signal=LOGS))
     outcome = request_fields.pop("previous_outcome", None)
     if outcome is not None:
         request_fields["previous_outcome"] = logs_pull_pb2.LogsPreviousOutcome(**outcome)
@@ -183,7 +185,7 @@ def test_without_a_log_store_the_service_is_unimplemented(rig: MakeRig) -> None:
 
 
 def test_health_answers_for_the_logs_service(rig: MakeRig) -> None:
-    r = rig(BatchStore())
+    r = rig(BatchStore(signal=LOGS))
     ch = grpc.insecure_channel(r.server.addresses.listen[0])
     r.channels.append(ch)
     resp = health_pb2_grpc.HealthStub(ch).Check(

@@ -118,3 +118,45 @@ def test_stream_ending_inside_a_resync_abandons_it_without_releasing(sidecar: Ma
     end = second.send(resync_end=pb.ResyncEnd())  # nothing left in progress
     assert not end.accepted and end.rejection.field == "resync_end"
     second.close()
+
+
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
+
+
+def test_schema_url_reaches_the_store_by_every_path(sidecar: MakeSidecar) -> None:
+    """Issue 27 item 5: profiler_resource_schema_url, on DeclareProcesses (plain and
+    replace_all) and on the stream, is held with the declaration; too long is rejected by name."""
+    store = DeclaredStore()
+    sc = sidecar(declared=store)
+    stub = sc.profiler_stub()
+    res = resource(**{"container.id": "c0ffee"})
+
+    def decl(pid: int, url: str = SCHEMA_URL) -> pb.ProcessDeclaration:
+        return pb.ProcessDeclaration(
+            pid=pid, profiler_resource=res, profiler_resource_schema_url=url
+        )
+
+    plain = stub.DeclareProcesses(
+        pb.DeclareProcessesRequest(processes=[decl(1), decl(2, "x" * 2049), decl(3, "")]),
+        timeout=TIMEOUT,
+    )
+    assert [(r.field, r.reason) for r in plain.rejected] == [
+        ("processes[1].profiler_resource_schema_url", "2049 bytes exceed the limit of 2048")
+    ]
+    full = stub.DeclareProcesses(
+        pb.DeclareProcessesRequest(processes=[decl(4)], replace_all=True),
+        metadata=(("gpumetrics-declarer", "batch"),),
+        timeout=TIMEOUT,
+    )
+    assert full.accepted == 1
+    stream = StreamClient(stub, (("gpumetrics-declarer", "agent"),))
+    assert stream.send(declare=decl(5)).accepted
+    stream.close()
+    held = {pid: store.lookup(pid)[0] for pid in (1, 2, 3, 4, 5)}
+    assert {pid: d.schema_url if d else None for pid, d in held.items()} == {
+        1: SCHEMA_URL,
+        2: None,
+        3: "",
+        4: SCHEMA_URL,
+        5: SCHEMA_URL,
+    }

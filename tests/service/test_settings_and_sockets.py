@@ -26,7 +26,7 @@ def test_defaults_are_loopback_and_valid() -> None:
     s = ServerSettings()
     assert s.listen == ["127.0.0.1:4319"]
     assert parse_listen_address(s.listen[0], "listen[0]").loopback
-    assert (s.unix_socket_mode, s.max_receive_message_bytes) == (0o600, 4 * 1024 * 1024)
+    assert (s.unix_socket_mode, s.max_receive_message_bytes) == (0o600, 1024 * 1024)
 
 
 @pytest.mark.parametrize(
@@ -87,8 +87,10 @@ def test_security_rules_name_the_field(tmp_path: Path) -> None:
         listen=["127.0.0.1:0", "0.0.0.0:4319"]
     )
     ServerSettings(listen=["0.0.0.0:4319"], allow_insecure_listen=True)  # explicitly allowed
-    assert "'listen[0]': the profiler service on non-loopback" in errors(
-        listen=["0.0.0.0:4319"], tls_cert_file=cert, tls_key_file=key
+    # on its own unix socket by default; moved onto listen, TCP needs a token or mTLS
+    ServerSettings(listen=["0.0.0.0:4319"], tls_cert_file=cert, tls_key_file=key)
+    assert "'listen[0]': the profiler service on TCP 0.0.0.0:4319 would let anyone" in errors(
+        listen=["0.0.0.0:4319"], profiler_listen=[], tls_cert_file=cert, tls_key_file=key
     )
     ServerSettings(
         listen=["0.0.0.0:4319"], tls_cert_file=cert, tls_key_file=key, declare_token_file=token
@@ -180,12 +182,18 @@ def test_add_listener_and_add_service_before_start_only(
     sidecar: MakeSidecar, short_tmp: Path
 ) -> None:
     server = SidecarServer(
-        ServerSettings(listen=[]), BatchStore(), DeclaredStore(), SidecarHealth()
+        ServerSettings(listen=[], profiler_listen=[]),
+        BatchStore(),
+        DeclaredStore(),
+        SidecarHealth(),
     )
     with pytest.raises(RuntimeError, match="'listen': no listener"):
         server.start()
     server2 = SidecarServer(
-        ServerSettings(listen=[]), BatchStore(), DeclaredStore(), SidecarHealth()
+        ServerSettings(listen=[], profiler_listen=[]),
+        BatchStore(),
+        DeclaredStore(),
+        SidecarHealth(),
     )
     with pytest.raises(ValueError, match="'listen': 0.0.0.0:0 is not loopback"):
         server2.add_listener("0.0.0.0:0")

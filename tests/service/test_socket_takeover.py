@@ -14,7 +14,7 @@ from gpumetrics.store import BatchStore
 
 
 def make(path: str) -> SidecarServer:
-    settings = ServerSettings(listen=[f"unix:{path}"])
+    settings = ServerSettings(listen=[f"unix:{path}"], profiler_listen=[])
     return SidecarServer(settings, BatchStore(), DeclaredStore(), SidecarHealth())
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-from gpumetrics.metrics import count_points
 from gpumetrics.selftelemetry import Telemetry
 from gpumetrics.store import (
     DEFAULT_CONSUMER,
@@ -14,8 +13,10 @@ from gpumetrics.store import (
 
 
 def tags(parse_request, data: bytes) -> list[str]:
+    """The ``service.name`` of each resource entry of a batch or answer, in order."""
     req = parse_request(data)
-    return [rm.resource.attributes[0].value.string_value for rm in req.resource_metrics]
+    entries = req.resource_metrics if hasattr(req, "resource_metrics") else req.resource_logs
+    return [e.resource.attributes[0].value.string_value for e in entries]
 
 
 def assert_accounting(store: BatchStore) -> None:
@@ -28,19 +29,21 @@ def assert_accounting(store: BatchStore) -> None:
         ), c
 
 
-def test_sequences_start_at_one_and_pull_concatenates_batches(make_request, parse_request):
-    store = BatchStore(epoch="e1")
+def test_sequences_start_at_one_and_pull_concatenates_batches(
+    make_request, parse_request, make_store, signal
+):
+    store = make_store(epoch="e1")
     assert store.last_sequence == 0
     assert [store.append(make_request(2, f"b{i}")) for i in range(3)] == [1, 2, 3]
     r = store.pull("c")
     assert (r.epoch, r.first_sequence, r.last_sequence, r.more) == ("e1", 1, 3, False)
-    assert r.data_points == 6 == count_points(parse_request(r.data))
+    assert r.data_points == 6 == signal.count(parse_request(r.data))
     assert tags(parse_request, r.data) == ["b0", "b1", "b2"]
     assert_accounting(store)
 
 
-def test_unacknowledged_batches_are_sent_again_and_an_ack_releases_them(make_request):
-    store = BatchStore()
+def test_unacknowledged_batches_are_sent_again_and_an_ack_releases_them(make_request, make_store):
+    store = make_store()
     store.append(make_request(1))
     store.append(make_request(1))
     first = store.pull("c")
@@ -57,15 +60,15 @@ def test_unacknowledged_batches_are_sent_again_and_an_ack_releases_them(make_req
     assert_accounting(store)
 
 
-def test_empty_consumer_name_is_the_default_consumer(make_request):
-    store = BatchStore()
+def test_empty_consumer_name_is_the_default_consumer(make_request, make_store):
+    store = make_store()
     store.append(make_request(1))
     store.pull("")
     assert [c.name for c in store.stats().consumers] == [DEFAULT_CONSUMER]
 
 
-def test_two_consumers_keep_independent_cursors(make_request, parse_request):
-    store = BatchStore()
+def test_two_consumers_keep_independent_cursors(make_request, parse_request, make_store):
+    store = make_store()
     for i in range(4):
         store.append(make_request(1, f"b{i}"))
     a = store.pull("a", max_points=2)
@@ -83,8 +86,8 @@ def test_two_consumers_keep_independent_cursors(make_request, parse_request):
     assert_accounting(store)
 
 
-def test_ack_is_clamped_to_what_was_delivered(make_request):
-    store = BatchStore()
+def test_ack_is_clamped_to_what_was_delivered(make_request, make_store):
+    store = make_store()
     for _ in range(3):
         store.append(make_request(1))
     store.pull("c", max_points=1)  # delivered: 1
@@ -94,11 +97,11 @@ def test_ack_is_clamped_to_what_was_delivered(make_request):
     assert s.held_batches == 2  # 2 and 3 were never seen, so never released
 
 
-def test_ack_from_another_epoch_is_ignored(make_request):
-    old = BatchStore(epoch="old")
+def test_ack_from_another_epoch_is_ignored(make_request, make_store):
+    old = make_store(epoch="old")
     old.append(make_request(1))
     r = old.pull("c")
-    restarted = BatchStore(epoch="new")
+    restarted = make_store(epoch="new")
     restarted.append(make_request(5))
     got = restarted.pull("c", ack_sequence=r.last_sequence, ack_epoch=r.epoch)
     assert (got.epoch, got.first_sequence, got.data_points) == ("new", 1, 5)
@@ -106,8 +109,8 @@ def test_ack_from_another_epoch_is_ignored(make_request):
     assert restarted.stats().consumers[0].acked_sequence == 0
 
 
-def test_acknowledging_each_answer_also_drains_a_backlog(make_request, parse_request):
-    store = BatchStore()
+def test_acknowledging_each_answer_also_drains_a_backlog(make_request, parse_request, make_store):
+    store = make_store()
     sizes = [len(make_request(10, f"b{i}").SerializeToString()) for i in range(10)]
     for i in range(10):
         store.append(make_request(10, f"b{i}"))
@@ -129,9 +132,9 @@ def test_acknowledging_each_answer_also_drains_a_backlog(make_request, parse_req
 
 
 def test_read_after_sequence_drains_a_backlog_then_one_ack_releases_it_all(
-    make_request, parse_request
+    make_request, parse_request, make_store
 ):
-    store = BatchStore(epoch="E")
+    store = make_store(epoch="E")
     for i in range(10):
         store.append(make_request(2, f"b{i}"))
     seen: list[str] = []
@@ -156,8 +159,8 @@ def test_read_after_sequence_drains_a_backlog_then_one_ack_releases_it_all(
     assert_accounting(store)
 
 
-def test_a_consumer_whose_pipeline_failed_rereads_from_its_ack_cursor(make_request):
-    store = BatchStore(epoch="E")
+def test_a_consumer_whose_pipeline_failed_rereads_from_its_ack_cursor(make_request, make_store):
+    store = make_store(epoch="E")
     for i in range(4):
         store.append(make_request(1, f"b{i}"))
     first = store.pull("c", ack_epoch="E", max_points=2)
@@ -174,8 +177,8 @@ def test_a_consumer_whose_pipeline_failed_rereads_from_its_ack_cursor(make_reque
     assert_accounting(store)
 
 
-def test_read_after_sequence_never_reads_behind_the_ack_cursor(make_request):
-    store = BatchStore(epoch="E")
+def test_read_after_sequence_never_reads_behind_the_ack_cursor(make_request, make_store):
+    store = make_store(epoch="E")
     for _ in range(3):
         store.append(make_request(1))
     store.pull("c")
@@ -193,8 +196,10 @@ def test_read_after_sequence_never_reads_behind_the_ack_cursor(make_request):
         (3, True, (0, 0, False)),
     ],
 )
-def test_read_after_sequence_at_or_beyond_the_end(make_request, read_after, ack_only, expect):
-    store = BatchStore(epoch="E")
+def test_read_after_sequence_at_or_beyond_the_end(
+    make_request, read_after, ack_only, expect, make_store
+):
+    store = make_store(epoch="E")
     for _ in range(3):
         store.append(make_request(1))
     r = store.pull("c", ack_epoch="E", read_after_sequence=read_after, ack_only=ack_only)
@@ -204,8 +209,8 @@ def test_read_after_sequence_at_or_beyond_the_end(make_request, read_after, ack_
     assert_accounting(store)
 
 
-def test_read_after_sequence_from_another_epoch_is_ignored(make_request):
-    store = BatchStore(epoch="new")
+def test_read_after_sequence_from_another_epoch_is_ignored(make_request, make_store):
+    store = make_store(epoch="new")
     for _ in range(3):
         store.append(make_request(1))
     for epoch in ("old", ""):
@@ -213,8 +218,8 @@ def test_read_after_sequence_from_another_epoch_is_ignored(make_request):
         assert (r.epoch, r.first_sequence, r.last_sequence) == ("new", 1, 3)
 
 
-def test_an_ack_after_read_ahead_is_clamped_to_what_was_sent(make_request):
-    store = BatchStore(epoch="E")
+def test_an_ack_after_read_ahead_is_clamped_to_what_was_sent(make_request, make_store):
+    store = make_store(epoch="E")
     for _ in range(4):
         store.append(make_request(1))
     r = store.pull("c", ack_epoch="E", max_points=2)  # sent: 1..2
@@ -226,16 +231,18 @@ def test_an_ack_after_read_ahead_is_clamped_to_what_was_sent(make_request):
     assert_accounting(store)
 
 
-def test_a_single_oversized_batch_is_returned_alone(make_request):
-    store = BatchStore()
+def test_a_single_oversized_batch_is_returned_alone(make_request, make_store):
+    store = make_store()
     store.append(make_request(50))
     store.append(make_request(1))
     r = store.pull("c", max_points=10, max_bytes=10)
     assert (r.first_sequence, r.last_sequence, r.data_points, r.more) == (1, 1, 50, True)
 
 
-def test_points_limit_drops_oldest_and_charges_only_consumers_that_had_not_acked(make_request):
-    store = BatchStore(StoreLimits(max_data_points=30))
+def test_points_limit_drops_oldest_and_charges_only_consumers_that_had_not_acked(
+    make_request, make_store
+):
+    store = make_store(StoreLimits(max_data_points=30))
     store.append(make_request(10))
     store.pull("fast")
     store.pull("slow")  # registers; never acknowledges
@@ -249,6 +256,8 @@ def test_points_limit_drops_oldest_and_charges_only_consumers_that_had_not_acked
         "max_data_points": 10,
         "max_bytes": 0,
         "max_batch_bytes": 0,
+        "max_collection_bytes": 0,
+        "split_error": 0,
     }
     fast = store.pull("fast", ack_only=True)
     slow = store.pull("slow", ack_only=True)
@@ -260,8 +269,8 @@ def test_points_limit_drops_oldest_and_charges_only_consumers_that_had_not_acked
     assert_accounting(store)
 
 
-def test_a_consumer_that_never_acks_is_bounded_and_does_not_hurt_others(make_request):
-    store = BatchStore(StoreLimits(max_data_points=50))
+def test_a_consumer_that_never_acks_is_bounded_and_does_not_hurt_others(make_request, make_store):
+    store = make_store(StoreLimits(max_data_points=50))
     fast_received = 0
     ack = 0
     for _ in range(100):
@@ -283,9 +292,9 @@ def test_a_consumer_that_never_acks_is_bounded_and_does_not_hurt_others(make_req
     assert_accounting(store)
 
 
-def test_full_store_with_byte_limit_reports_exact_drops(make_request):
+def test_full_store_with_byte_limit_reports_exact_drops(make_request, make_store):
     one = len(make_request(3).SerializeToString())
-    store = BatchStore(StoreLimits(max_bytes=one * 4))
+    store = make_store(StoreLimits(max_bytes=one * 4))
     store.pull("c")  # registered on an empty store
     for _ in range(10):
         store.append(make_request(3))
@@ -296,8 +305,8 @@ def test_full_store_with_byte_limit_reports_exact_drops(make_request):
     assert_accounting(store)
 
 
-def test_age_limit_drops_old_batches(make_request, clock):
-    store = BatchStore(StoreLimits(max_age_s=60, consumer_ttl_s=1e6), clock=clock)
+def test_age_limit_drops_old_batches(make_request, clock, make_store):
+    store = make_store(StoreLimits(max_age_s=60, consumer_ttl_s=1e6), clock=clock)
     store.pull("c")
     store.append(make_request(2))
     clock.advance(30)
@@ -312,15 +321,15 @@ def test_age_limit_drops_old_batches(make_request, clock):
     assert_accounting(store)
 
 
-def test_a_batch_larger_than_the_store_is_dropped_and_counted(make_request):
-    store = BatchStore(StoreLimits(max_data_points=5))
+def test_a_batch_larger_than_the_store_is_dropped_and_counted(make_request, make_store):
+    store = make_store(StoreLimits(max_data_points=5))
     assert store.append(make_request(6)) == 1
     s = store.stats()
     assert (s.held_batches, s.dropped_points["max_data_points"]) == (0, 6)
 
 
-def test_idle_consumers_are_forgotten_and_stop_pinning(make_request, clock):
-    store = BatchStore(StoreLimits(consumer_ttl_s=60), clock=clock)
+def test_idle_consumers_are_forgotten_and_stop_pinning(make_request, clock, make_store):
+    store = make_store(StoreLimits(consumer_ttl_s=60), clock=clock)
     store.append(make_request(1))
     store.pull("gone")
     r = store.pull("live")
@@ -333,8 +342,8 @@ def test_idle_consumers_are_forgotten_and_stop_pinning(make_request, clock):
     assert (s.held_batches, s.forgotten_consumers, s.released_points) == (0, 1, 1)
 
 
-def test_the_number_of_consumers_is_bounded(make_request):
-    store = BatchStore(StoreLimits(max_consumers=2))
+def test_the_number_of_consumers_is_bounded(make_request, make_store):
+    store = make_store(StoreLimits(max_consumers=2))
     store.pull("a")
     store.pull("b")
     with pytest.raises(TooManyConsumersError, match="consumer: 'c'"):
@@ -343,8 +352,8 @@ def test_the_number_of_consumers_is_bounded(make_request):
     assert len(store.stats().consumers) == 2
 
 
-def test_first_pull_registers_from_the_oldest_batch_held(make_request):
-    store = BatchStore()
+def test_first_pull_registers_from_the_oldest_batch_held(make_request, make_store):
+    store = make_store()
     store.append(make_request(1))
     r = store.pull("a")
     store.pull("a", ack_sequence=r.last_sequence, ack_epoch=store.epoch, ack_only=True)
@@ -366,8 +375,10 @@ def test_first_pull_registers_from_the_oldest_batch_held(make_request):
         ({"consumer": "c", "read_after_sequence": True}, "read_after_sequence"),
     ],
 )
-def test_bad_pull_arguments_name_the_field_and_change_nothing(kwargs, field, make_request):
-    store = BatchStore()
+def test_bad_pull_arguments_name_the_field_and_change_nothing(
+    kwargs, field, make_request, make_store
+):
+    store = make_store()
     store.append(make_request(1))
     before = store.stats()
     with pytest.raises(ValueError, match=f"^{field}:"):
@@ -390,9 +401,9 @@ def test_bad_limits_name_the_field(kwargs, field):
         StoreLimits(**kwargs)
 
 
-def test_self_telemetry_gauges_and_drop_counters(make_request):
+def test_self_telemetry_gauges_and_drop_counters(make_request, make_store):
     t = Telemetry()
-    store = BatchStore(StoreLimits(max_data_points=4), telemetry=t)
+    store = make_store(StoreLimits(max_data_points=4), telemetry=t)
     store.pull("c")
     store.append(make_request(3))
     store.append(make_request(3))  # 6 > 4: first batch dropped
@@ -404,8 +415,8 @@ def test_self_telemetry_gauges_and_drop_counters(make_request):
     assert t.value("gpumetrics.store.points.dropped", {"reason": "max_data_points"}) == 3
 
 
-def test_concurrent_appends_and_pulls_keep_exact_accounting(make_request):
-    store = BatchStore(StoreLimits(max_data_points=200))
+def test_concurrent_appends_and_pulls_keep_exact_accounting(make_request, make_store):
+    store = make_store(StoreLimits(max_data_points=200))
     start = threading.Barrier(3)
     req = make_request(7)
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpumetrics.metrics import count_points
-from gpumetrics.store import BatchStore, StoreLimits, TooManyConsumersError
+from gpumetrics.store import LOGS, METRICS, BatchStore, Signal, StoreLimits, TooManyConsumersError
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 
-from .conftest import Clock, build_request
+from .conftest import Clock, build_request, tags
 
 LIMITS = StoreLimits(
     max_bytes=900, max_data_points=40, max_age_s=50, consumer_ttl_s=30, max_consumers=2
@@ -47,10 +45,13 @@ class MConsumer:
 
 
 class StoreModel(RuleBasedStateMachine):
+    SIGNAL: Signal = METRICS
+    """What the store holds (a subclass per signal)."""
+
     @initialize()
     def setup(self) -> None:
         self.clock = Clock()
-        self.store = BatchStore(LIMITS, clock=self.clock, epoch="E")
+        self.store = BatchStore(LIMITS, clock=self.clock, epoch="E", signal=self.SIGNAL)
         self.batches: list[MBatch] = []
         self.consumers: dict[str, MConsumer] = {}
         self.acked_hw = 0
@@ -97,7 +98,7 @@ class StoreModel(RuleBasedStateMachine):
     @rule(points=st.integers(0, 25))
     def append(self, points: int) -> None:
         seq = len(self.batches) + 1
-        req = build_request(points, f"s{seq}")
+        req = build_request(points, f"s{seq}", self.SIGNAL)
         assert self.store.append(req) == seq
         self.batches.append(MBatch(seq, points, req.ByteSize(), self.clock.now))
         self.m_expire(self.clock.now)
@@ -186,12 +187,9 @@ class StoreModel(RuleBasedStateMachine):
         assert (r.dropped_data_points, r.drop_reasons) == (expect_dropped, expect_reasons)
         assert r.dropped_data_points_total == c.dropped_total
         assert r.data_points == sum(b.points for b in chosen)
-        req = metrics_service_pb2.ExportMetricsServiceRequest()
-        req.ParseFromString(r.data)
-        assert count_points(req) == r.data_points
-        assert [rm.resource.attributes[0].value.string_value for rm in req.resource_metrics] == [
-            f"s{b.seq}" for b in chosen
-        ]
+        req = self.SIGNAL.parse(r.data)
+        assert self.SIGNAL.count(req) == r.data_points
+        assert tags(self.SIGNAL, req) == [f"s{b.seq}" for b in chosen]
 
     # -- invariants -----------------------------------------------------------------------------
     @invariant()
@@ -220,11 +218,18 @@ class StoreModel(RuleBasedStateMachine):
             assert cs.acked_sequence == self.consumers[cs.name].acked
 
 
-StoreModel.TestCase.settings = settings(
+class LogStoreModel(StoreModel):
+    SIGNAL = LOGS
+
+
+_SETTINGS = settings(
     derandomize=True,  # deterministic in CI; explore locally with derandomize off, more examples
     max_examples=150,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+StoreModel.TestCase.settings = _SETTINGS
+LogStoreModel.TestCase.settings = _SETTINGS
 TestStoreModel = StoreModel.TestCase
+TestLogStoreModel = LogStoreModel.TestCase

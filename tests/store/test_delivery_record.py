@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from gpumetrics.store import BatchStore, StoreLimits
+from gpumetrics.store import StoreLimits
 
 from .test_batchstore import assert_accounting, tags
 
 
-def test_skipping_ahead_and_acknowledging_releases_nothing_skipped(make_request):
-    store = BatchStore(epoch="E")
+def test_skipping_ahead_and_acknowledging_releases_nothing_skipped(make_request, make_store):
+    store = make_store(epoch="E")
     for i in range(10):
         store.append(make_request(2, f"b{i}"))
     ahead = store.pull("c", ack_epoch="E", read_after_sequence=7)  # never received 1..7
@@ -25,8 +25,10 @@ def test_skipping_ahead_and_acknowledging_releases_nothing_skipped(make_request)
     assert_accounting(store)
 
 
-def test_skipped_batches_that_the_limits_drop_are_charged_to_the_consumer(make_request):
-    store = BatchStore(StoreLimits(max_data_points=6), epoch="E")
+def test_skipped_batches_that_the_limits_drop_are_charged_to_the_consumer(
+    make_request, make_store, parse_request
+):
+    store = make_store(StoreLimits(max_data_points=6), epoch="E")
     for i in range(3):
         store.append(make_request(2, f"b{i}"))
     store.pull("c", ack_epoch="E", read_after_sequence=2)  # receives 3, skips 1 and 2
@@ -34,12 +36,16 @@ def test_skipped_batches_that_the_limits_drop_are_charged_to_the_consumer(make_r
     store.append(make_request(2, "b3"))  # 8 points > 6: batch 1 goes
     nxt = store.pull("c", ack_epoch="E")
     assert nxt.dropped_data_points == 2 and nxt.drop_reasons == ("max_data_points",)
-    assert tags(_parse, nxt.data) == ["b1", "b2", "b3"]  # from its cursor, skipped ones included
+    assert tags(parse_request, nxt.data) == [
+        "b1",
+        "b2",
+        "b3",
+    ]  # from its cursor, skipped ones included
     assert_accounting(store)
 
 
-def test_a_consumer_draining_in_several_pulls_may_acknowledge_all_of_it(make_request):
-    store = BatchStore(epoch="E")
+def test_a_consumer_draining_in_several_pulls_may_acknowledge_all_of_it(make_request, make_store):
+    store = make_store(epoch="E")
     for _ in range(6):
         store.append(make_request(1))
     pos = 0
@@ -51,8 +57,10 @@ def test_a_consumer_draining_in_several_pulls_may_acknowledge_all_of_it(make_req
     assert store.stats().held_batches == 0
 
 
-def test_a_forgotten_consumer_that_returns_may_acknowledge_what_it_was_sent(make_request, clock):
-    store = BatchStore(StoreLimits(consumer_ttl_s=10), clock=clock, epoch="E")
+def test_a_forgotten_consumer_that_returns_may_acknowledge_what_it_was_sent(
+    make_request, clock, make_store
+):
+    store = make_store(StoreLimits(consumer_ttl_s=10), clock=clock, epoch="E")
     for _ in range(4):
         store.append(make_request(1))
     store.pull("pin")  # another consumer keeps every batch held
@@ -68,8 +76,8 @@ def test_a_forgotten_consumer_that_returns_may_acknowledge_what_it_was_sent(make
     assert_accounting(store)
 
 
-def test_undo_pull_takes_the_delivery_back_and_reports_the_drops_again(make_request):
-    store = BatchStore(StoreLimits(max_data_points=4), epoch="E")
+def test_undo_pull_takes_the_delivery_back_and_reports_the_drops_again(make_request, make_store):
+    store = make_store(StoreLimits(max_data_points=4), epoch="E")
     store.append(make_request(2))
     store.pull("c")
     store.pull("c", ack_sequence=1, ack_epoch="E", ack_only=True)
@@ -89,20 +97,14 @@ def test_undo_pull_takes_the_delivery_back_and_reports_the_drops_again(make_requ
     assert_accounting(store)
 
 
-def test_undo_pull_leaves_a_later_delivery_alone(make_request):
-    store = BatchStore(epoch="E")
+def test_undo_pull_leaves_a_later_delivery_alone(make_request, make_store):
+    store = make_store(epoch="E")
     for _ in range(3):
         store.append(make_request(1))
     first = store.pull("c", ack_epoch="E", max_points=1)
     store.pull("c", ack_epoch="E", read_after_sequence=1)  # delivered up to 3 since
     store.undo_pull(first)
     assert store.stats().consumers[0].delivered_sequence == 3
-    other = BatchStore(epoch="F")
+    other = make_store(epoch="F")
     other.append(make_request(1))
     assert other.undo_pull(first) is False  # another store life
-
-
-def _parse(data: bytes):
-    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
-
-    return metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)

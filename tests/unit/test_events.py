@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 from gpumetrics.config import SidecarConfig
-from gpumetrics.events import EventProducer, EventSettings, GpuEvent, Severity, event_catalogue
+from gpumetrics.events import (
+    EventProducer,
+    EventSettings,
+    GpuEvent,
+    Severity,
+    count_log_records,
+    event_catalogue,
+)
 from gpumetrics.events.docs import BEGIN, END, render_event_tables, replace_generated
 from gpumetrics.events.render import XID_CATALOG_URL, render_event
 from gpumetrics.events.storm import Admission, StormLimiter
@@ -119,10 +126,24 @@ def test_a_known_xid_record():
     assert "immediate RESET_GPU" in body
 
 
-def test_an_unknown_xid_is_a_warning_that_points_to_nvidia():
-    r = rendered(event(data=999))
+def test_an_xid_missing_from_the_catalogue_is_a_warning_that_points_to_nvidia():
+    r = rendered(event(data=777))
     assert r.severity_text == "WARN" and XID_CATALOG_URL in r.body.string_value
+    assert "not in gpumetrics' Xid catalogue" in r.body.string_value
     assert "nvidia.gpu.xid.mnemonic" not in attrs(r)
+
+
+def test_xid_999_is_nvmls_unknown_xid_marker_not_a_catalogue_miss():
+    """nvml.h (nvmlEventData_t): "eventData is set as 999 for unknown Xid error". It was
+    rendered as an Xid gpumetrics' catalogue lacks, pointing to NVIDIA's catalog for Xid 999."""
+    r = rendered(event(data=999))
+    body = r.body.string_value
+    assert body.startswith("Unknown Xid on gpu0") and "unknown-Xid marker" in body
+    assert "not in gpumetrics' Xid catalogue" not in body and "dmesg" in body
+    a = attrs(r)
+    assert a["nvidia.gpu.xid.code"] == 999  # NVML's value, verbatim: counted under it
+    assert a["nvidia.gpu.xid.description"].startswith("Unknown Xid")
+    assert "nvidia.gpu.xid.mnemonic" not in a and r.severity_text == "WARN"
 
 
 def test_severity_text_and_number_agree_for_every_severity():
@@ -131,13 +152,22 @@ def test_severity_text_and_number_agree_for_every_severity():
 
 
 def test_recovery_actions_and_lost_gpus():
-    reboot = rendered(GpuEvent("gpu_recovery_action", 2, "GPU-1", GPU, T0))
+    """The action is the field value read when the event arrived; eventData is 0 (nvml.h)."""
+    reboot = rendered(GpuEvent("gpu_recovery_action", 0, "GPU-1", GPU, T0, recovery_action=2))
     assert reboot.severity_text == "FATAL" and attrs(reboot)["nvidia.gpu.recovery_action"] == (
         "node_reboot"
     )
+    assert attrs(reboot)["nvidia.gpu.recovery_action.value"] == 2
     assert "recovery action node_reboot" in reboot.body.string_value
-    odd = rendered(GpuEvent("gpu_recovery_action", 77, "GPU-1", GPU, T0))
-    assert odd.severity_text == "WARN" and "nvidia.gpu.recovery_action" not in attrs(odd)
+    odd = rendered(GpuEvent("gpu_recovery_action", 0, "GPU-1", GPU, T0, recovery_action=77))
+    assert odd.severity_text == "WARN" and attrs(odd)["nvidia.gpu.recovery_action"] == "unknown"
+    assert attrs(odd)["nvidia.gpu.recovery_action.value"] == 77  # the value read, verbatim
+    unread = rendered(GpuEvent("gpu_recovery_action", 0, "GPU-1", GPU, T0, reason="NOT_SUPPORTED"))
+    a = attrs(unread)
+    assert a["nvidia.gpu.recovery_action"] == "unknown" and a["nvml.return_code"] == "NOT_SUPPORTED"
+    assert "nvidia.gpu.recovery_action.value" not in a and unread.severity_text == "WARN"
+    assert "recovery action unknown" in unread.body.string_value
+    assert " none" not in unread.body.string_value  # never the invented "none"
     lost = rendered(GpuEvent("gpu_lost", 0, "GPU-1", GPU, T0, reason="GPU_IS_LOST"))
     assert lost.event_name == "nvidia.gpu.lost" and lost.severity_text == "FATAL"
     assert attrs(lost)["nvml.return_code"] == "GPU_IS_LOST"
@@ -226,10 +256,10 @@ def test_the_producer_counts_everything_and_queues_within_limits():
 def test_flush_to_appends_one_batch_with_its_record_count():
     class Store:
         def __init__(self) -> None:
-            self.got: list[tuple[bytes, int]] = []
+            self.got: list[int] = []
 
-        def append_serialized(self, data: bytes, points: int) -> int:
-            self.got.append((data, points))
+        def append(self, request) -> int:
+            self.got.append(count_log_records(request))
             return len(self.got)
 
     p = EventProducer(EventSettings())
@@ -237,7 +267,7 @@ def test_flush_to_appends_one_batch_with_its_record_count():
     assert p.flush_to(store) is None and store.got == []
     p.record(event())
     p.record(event(data=94))
-    assert p.flush_to(store) == 1 and store.got[0][1] == 2
+    assert p.flush_to(store) == 1 and store.got == [2]
 
 
 # -- settings --------------------------------------------------------------------------------------

@@ -127,7 +127,8 @@ def framing(draw: Any) -> tuple[Any, ...]:
                 blob += dp
         metrics.append((b"\x0a\x01" + bytes([0x61 + k]) + b"\x2a", b"", blob, runs))
     first = draw(st.one_of(st.none(), st.just([b"\x0a\x00"]), st.just([b"\x0a", b"\x00"])))
-    return first, 0, kept, resources, b"\x0a\x00", b"", metrics, draw(st.integers(1, 64))
+    budget = draw(st.one_of(st.just(0), st.integers(1, 64)))  # 0: no budget
+    return first, 3, kept, resources, b"\x0a\x00", b"", metrics, budget
 
 
 @needs_compiled
@@ -137,11 +138,19 @@ def test_frame_resources_equals_the_pure_python_kernel(args):
     assert compiled.frame_resources(*args) == kernels.frame_resources(*args)
 
 
-@pytest.mark.parametrize("which", ["python", "compiled"])
-def test_framed_requests_parse_and_hold_each_process_once(which):
-    if which == "compiled" and compiled is None:
-        pytest.skip("_wire not built (no C compiler)")
-    impl = compiled if which == "compiled" else kernels
+@needs_compiled
+@settings(max_examples=300, deadline=None)
+@given(args=framing())
+def test_framed_parts_keep_the_budget_first_fit(args):
+    parts, dropped = kernels.frame_resources(*args)
+    first, budget = args[0], args[-1]
+    sizes = [len(data) for data, _ in parts]
+    if budget:
+        assert sum(sizes) <= budget or (first is not None and len(parts) == 1)
+    assert len(parts) - (first is not None) + len(dropped) == len(args[2])  # every pid, once
+
+
+def _two_processes() -> tuple[Any, ...]:
     gauge = metrics_pb2.Metric(name="m")
     header = gauge.SerializeToString() + b"\x2a"
     blob = b"".join(
@@ -150,22 +159,38 @@ def test_framed_requests_parse_and_hold_each_process_once(which):
     )
     half = len(blob) // 2
     resources = [bulk.resource_bytes([("process.pid", p)]) for p in (1, 2)]
-    requests = impl.frame_resources(
-        None,
-        0,
-        [1, 2],
-        resources,
-        b"\x0a\x00",
-        b"",
-        [(header, b"", blob, [(1, 0, half, 1), (2, half, len(blob), 1)])],
-        10**6,
-    )
-    ((data, points),) = requests
-    req = metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)
-    assert points == 2
+    metrics = [(header, b"", blob, [(1, 0, half, 1), (2, half, len(blob), 1)])]
+    return [1, 2], resources, b"\x0a\x00", b"", metrics
+
+
+@pytest.mark.parametrize("which", ["python", "compiled"])
+def test_framed_parts_parse_and_hold_each_process_once(which):
+    if which == "compiled" and compiled is None:
+        pytest.skip("_wire not built (no C compiler)")
+    impl = compiled if which == "compiled" else kernels
+    parts, dropped = impl.frame_resources(None, 0, *_two_processes(), 0)
+    assert dropped == [] and [points for _, points in parts] == [1, 1]
+    req = metrics_service_pb2.ExportMetricsServiceRequest.FromString(b"".join(d for d, _ in parts))
     assert [
         rm.scope_metrics[0].metrics[0].gauge.data_points[0].as_int for rm in req.resource_metrics
     ] == [1, 2]
+    for data, _ in parts:  # each part is a request of one resource
+        part = metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)
+        assert len(part.resource_metrics) == 1
+
+
+@pytest.mark.parametrize("which", ["python", "compiled"])
+def test_a_process_over_the_budget_is_left_out_and_the_first_part_kept(which):
+    if which == "compiled" and compiled is None:
+        pytest.skip("_wire not built (no C compiler)")
+    impl = compiled if which == "compiled" else kernels
+    ((one, _), (two, _)), _ = impl.frame_resources(None, 0, *_two_processes(), 0)
+    host = [b"\x0a\x02", b"\x0a\x00"]  # a resource_metrics entry with an empty resource
+    parts, dropped = impl.frame_resources(host, 7, *_two_processes(), 4 + len(one))
+    assert parts == [(b"".join(host), 7), (one, 1)] and dropped == [(2, 1)]
+    parts, dropped = impl.frame_resources(host, 7, *_two_processes(), 1)  # the host alone is over
+    assert parts == [(b"".join(host), 7)] and dropped == [(1, 1), (2, 1)]
+    assert len(two) == len(one)
 
 
 def test_the_kernels_can_be_switched_and_refuse_nonsense():

@@ -1,6 +1,5 @@
 from typing import Any
 
-import pytest
 from gpumetrics.metrics import GPU, Producer, count_points, names
 from gpumetrics.selftelemetry import Telemetry
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
@@ -88,6 +87,9 @@ class Resourcer:
         attrs["process.pid"] = str(pid)  # a misbehaving resourcer cannot turn pid into a string
         return True
 
+    def schema_url(self, pid):
+        return f"https://example.com/schemas/{pid}" if pid % 2 else ""
+
 
 def test_resourcer_fills_resources_and_can_drop_processes():
     tel = Telemetry()
@@ -104,6 +106,30 @@ def test_resourcer_fills_resources_and_can_drop_processes():
         {"process.pid": 1, "service.name": "svc-1"}
     ]
     assert tel.value("gpumetrics.processes.dropped_by_relabel") == 1
+
+
+def test_each_process_resource_carries_its_resourcers_schema_url():
+    # issue 27: the declared resource's schema URL is the per-process ResourceMetrics' schema_url
+    # (the host resource has none; the GPU scope keeps the catalogue's)
+    p = Producer()
+    p.set_process_resourcer(Resourcer())
+    for pid in (1, 2, 3):
+        p.record_process(
+            pid, lambda b: b.add(names.MetricProcessUtilization, 0.5, T, GPU0.id_attributes())
+        )
+    record_power(p, GPU0, 300.0)
+    req = p.collect()
+    host, *procs = req.resource_metrics
+    assert host.schema_url == ""
+    assert host.scope_metrics[0].schema_url == "https://opentelemetry.io/schemas/1.44.0"
+    assert [(attrs_of(rm.resource)["process.pid"], rm.schema_url) for rm in procs] == [
+        (1, "https://example.com/schemas/1"),
+        (2, ""),
+        (3, "https://example.com/schemas/3"),
+    ]
+    assert all(
+        rm.scope_metrics[0].schema_url == "https://opentelemetry.io/schemas/1.44.0" for rm in procs
+    )
 
 
 def test_disabled_metrics_are_not_emitted():
@@ -159,8 +185,10 @@ def _processes(p, n):
         )
 
 
-def test_collect_batches_packs_whole_resources_as_the_store_would_split_them():
-    from gpumetrics.metrics.split import split_request
+def test_the_store_packs_the_parts_into_the_batches_it_makes_of_the_whole_request():
+    """The bulk parts and the protobuf request give one store the same batches, byte for byte
+    once parsed (whole resources packed in order, none split below max_batch_bytes)."""
+    from gpumetrics.store import BatchStore
 
     a, b = (
         Producer(host_attributes={"host.name": "n"}),
@@ -171,20 +199,78 @@ def test_collect_batches_packs_whole_resources_as_the_store_would_split_them():
         _processes(p, 50)
     whole = a.collect()
     max_bytes = whole.ByteSize() // 4
-    pieces = b.collect_batches(max_bytes)
-    want = split_request(whole, max_bytes)
-    assert len(pieces) == len(want) > 1
-    for (data, points), expected in zip(pieces, want, strict=True):
-        assert len(data) <= max_bytes
-        got = metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)
-        assert got == expected and points == count_points(expected)
+    from_request, from_parts = (BatchStore(epoch="E", max_batch_bytes=max_bytes) for _ in "ab")
+    from_request.append(whole)
+    from_parts.append_parts(b.collect_parts().parts)
+    got, want = (s.pull("c", max_bytes=1 << 30) for s in (from_parts, from_request))
+    assert len(got.parts) == len(want.parts) > 1 and got.data_points == want.data_points
+    parse = metrics_service_pb2.ExportMetricsServiceRequest.FromString
+    for g, w in zip(got.parts, want.parts, strict=True):
+        assert len(g) <= max_bytes and parse(g) == parse(w)
 
 
-def test_collect_batches_is_empty_when_nothing_was_recorded_and_refuses_a_bad_bound():
+def test_collect_parts_is_empty_when_nothing_was_recorded():
+    c = Producer().collect_parts(1 << 20)
+    assert (c.parts, c.dropped_points, c.dropped_resources) == ([], 0, 0)
+
+
+def test_each_process_resource_is_keyed_by_its_attributes_and_schema_url():
+    """The cached resource bytes are rebuilt when only the schema URL changes (a declaration
+    with the same attributes under another semconv version), and kept while neither does."""
+
+    class Resourcer:
+        url = "https://opentelemetry.io/schemas/1.37.0"
+
+        def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
+            attrs["service.name"] = "svc"
+            return True
+
+        def schema_url(self, pid: int) -> str:
+            return self.url
+
+    r = Resourcer()
     p = Producer()
-    assert p.collect_batches(1 << 20) == []
-    with pytest.raises(ValueError, match="max_bytes"):
-        p.collect_batches(0)
+    p.set_process_resourcer(r)
+    for want in ("https://opentelemetry.io/schemas/1.37.0", "", "https://example.com/s/2"):
+        r.url = want
+        _processes(p, 2)
+        rms = p.collect().resource_metrics
+        assert [rm.schema_url for rm in rms] == [want, want]
+        assert [attrs_of(rm.resource)["service.name"] for rm in rms] == ["svc", "svc"]
+
+
+def test_resources_are_built_once_and_only_the_kept_ones_are_kept(monkeypatch):
+    """A process's resource is serialized once while its resourcer's answer stays, and the cache
+    holds only what the collection kept: a process left out for the budget is rebuilt later."""
+    from gpumetrics.metrics import bulk
+
+    built: list[int] = []
+    real = bulk.resource_bytes
+
+    def counting(attributes: Any) -> bytes:
+        attrs = dict(attributes)
+        built.append(attrs["process.pid"])
+        return real(attrs.items())
+
+    monkeypatch.setattr(bulk, "resource_bytes", counting)
+
+    class Resourcer:
+        def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
+            attrs["app.padding"] = "x" * (2000 if pid == 3 else 10)
+            return True
+
+    p = Producer()
+    p.set_process_resourcer(Resourcer())
+    _processes(p, 3)
+    small = sum(len(d) for d, _ in p.collect_parts().parts[:2])
+    assert built == [1, 2, 3]
+    for _ in range(3):
+        _processes(p, 3)
+        c = p.collect_parts(small + 100)  # pid 3's resource does not fit
+        assert (c.dropped_resources, c.dropped_points) == (1, 1)
+    # 1 and 2 always from the cache; 3 from it once (kept by the first collection), then, left
+    # out each time and so not kept, built again each time
+    assert built == [1, 2, 3, 3, 3]
 
 
 def test_a_process_resource_is_rebuilt_when_the_resourcer_answer_changes():

@@ -53,7 +53,9 @@ def test_the_relabel_example_in_identity_md_drops_and_labels_as_described():
     kept = relabel(
         {"__meta_env_var_OTEL_SERVICE_NAME": "trainer", "__meta_kubernetes_namespace": "ml"}, rules
     )
-    assert kept is not None and kept["namespace"] == "ml" and kept["region"] == "eu-west-1"
+    assert kept is not None and "stage" not in kept and kept["region"] == "eu-west-1"
+    staged = relabel({"__meta_kubernetes_namespace": "shop-prod"}, rules)
+    assert staged is not None and staged["stage"] == "prod"
 
 
 def test_the_readme_lists_every_built_in_profile():

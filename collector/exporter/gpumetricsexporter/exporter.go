@@ -31,13 +31,19 @@ const shutdownFlushTimeout = 5 * time.Second
 
 // Reasons, the `reason` attribute of the failed and exited counters.
 const (
-	reasonRejected  = "rejected"
-	reasonCapacity  = "capacity"
-	reasonNoPID     = "no_pid"
-	reasonGone      = "gone"
-	reasonRestarted = "restarted"
-	reasonExpired   = "expired"
+	reasonRejected    = "rejected"
+	reasonCapacity    = "capacity"
+	reasonNoPID       = "no_pid"
+	reasonGone        = "gone"
+	reasonMismatch    = "mismatch"
+	reasonInvalidUTF8 = "invalid_utf8"
+	reasonRestarted   = "restarted"
+	reasonExpired     = "expired"
 )
+
+// utf8WarnInterval is the least time between two WARNs about resources that are not UTF-8 (one
+// per process: an unchanged resource is not looked at again); those in between go to DEBUG.
+const utf8WarnInterval = time.Minute
 
 // profilesExporter declares profiled processes to the sidecar. consumeProfiles only records
 // (declarer.Client.Declare never waits); a sweeper goroutine releases processes that exited or
@@ -49,6 +55,11 @@ type profilesExporter struct {
 	tb       *metadata.TelemetryBuilder
 	now      func() time.Time
 	tracker  *tracker
+	// misses remembers profiles that could not be declared (gone, mismatch) for
+	// exit_check_interval, so their repeats cost no procfs read.
+	misses *misses
+	// identity compares a profile with what proc_root shows under its pid.
+	identity *procIdentity
 	// flushTimeout bounds the flush at shutdown (shutdownFlushTimeout; tests shorten it).
 	flushTimeout time.Duration
 
@@ -60,6 +71,9 @@ type profilesExporter struct {
 	swept  chan struct{}
 
 	noPID, gone, unchanged      atomic.Int64
+	mismatch, invalidUTF8       atomic.Int64
+	utf8WarnedAt                atomic.Int64 // unix ns of the last WARN about invalid UTF-8
+	utf8Suppressed              atomic.Int64 // logged at DEBUG since
 	exitedGone, exitedRestarted atomic.Int64
 	exitedExpired               atomic.Int64
 	warned                      sync.Map // log-once keys
@@ -82,6 +96,8 @@ func newProfilesExporter(set exporter.Settings, cfg *Config) (*profilesExporter,
 		tb:           tb,
 		now:          time.Now,
 		tracker:      newTracker(),
+		misses:       newMisses(cfg.MaxProcesses),
+		identity:     newProcIdentity(cfg.ProcRoot),
 		flushTimeout: shutdownFlushTimeout,
 	}, nil
 }
@@ -170,8 +186,10 @@ func (e *profilesExporter) currentClient() *declarer.Client {
 	return e.client
 }
 
-// consumeProfiles records each resource's process as its latest declaration. It never waits on
-// the sidecar and never fails: the profiles pipeline's other exporters are not held up by it.
+// consumeProfiles records each resource's process as its latest declaration: of several
+// resources of one pid in the request, the one with the newest samples (newestPerProcess). It
+// never waits on the sidecar and never fails: the profiles pipeline's other exporters are not
+// held up by it.
 func (e *profilesExporter) consumeProfiles(_ context.Context, pd pprofile.Profiles) error {
 	client := e.currentClient()
 	if client == nil {
@@ -179,8 +197,9 @@ func (e *profilesExporter) consumeProfiles(_ context.Context, pd pprofile.Profil
 	}
 	now := e.now()
 	rps := pd.ResourceProfiles()
-	for i := range rps.Len() {
-		e.declare(client, rps.At(i).Resource().Attributes(), now)
+	for _, i := range newestPerProcess(rps) {
+		rp := rps.At(i)
+		e.declare(client, rp.Resource().Attributes(), rp.SchemaUrl(), now)
 	}
 	return nil
 }
@@ -188,7 +207,10 @@ func (e *profilesExporter) consumeProfiles(_ context.Context, pd pprofile.Profil
 // declare records one resource's process. A process already declared with the same resource
 // costs one hash and no procfs read: a pid reused since by a process with exactly the same
 // resource is caught by the next sweep (its start time changed), within exit_check_interval.
-func (e *profilesExporter) declare(client *declarer.Client, attrs pcommon.Map, now time.Time) {
+// Before a new or changed resource is declared, proc_root must show the same process under its
+// pid (procIdentity); a resource that could not be declared for that reason is not looked at
+// again until it changes or exit_check_interval passes.
+func (e *profilesExporter) declare(client *declarer.Client, attrs pcommon.Map, schemaURL string, now time.Time) {
 	pid, ok := processPID(attrs)
 	if !ok {
 		e.noPID.Add(1)
@@ -196,10 +218,13 @@ func (e *profilesExporter) declare(client *declarer.Client, attrs pcommon.Map, n
 			zap.Any("resource", attrs.AsRaw()))
 		return
 	}
-	fp := declarer.Fingerprint(declarer.Process{PID: pid, Resource: attrs})
+	fp := declarer.Fingerprint(declarer.Process{PID: pid, Resource: attrs, SchemaURL: schemaURL})
 	if e.tracker.seenUnchanged(pid, fp, now) {
 		e.unchanged.Add(1)
 		return
+	}
+	if e.misses.recent(pid, fp, now) {
+		return // counted and logged when it was first seen
 	}
 	var start uint64
 	if e.cfg.ProcRoot != "" {
@@ -210,6 +235,7 @@ func (e *profilesExporter) declare(client *declarer.Client, attrs pcommon.Map, n
 		case errors.Is(err, fs.ErrNotExist):
 			// Exited before its profile got here (or not in proc_root's pid namespace).
 			e.gone.Add(1)
+			e.misses.add(pid, fp, now, now.Add(e.cfg.ExitCheckInterval))
 			e.warnOnce(reasonGone, "A profiled process is not in 'proc_root'; it is not declared (it exited, or 'proc_root' is not the profiler's pid namespace)",
 				zap.Uint32("pid", pid), zap.String("proc_root", e.cfg.ProcRoot))
 			return
@@ -217,11 +243,35 @@ func (e *profilesExporter) declare(client *declarer.Client, attrs pcommon.Map, n
 			e.warnOnce("stat", "Cannot read a profiled process's start time; it is declared without one",
 				zap.Uint32("pid", pid), zap.Error(err))
 		}
+		if diff, ok := e.identity.differs(pid, attrs, start, err == nil); ok {
+			e.mismatch.Add(1)
+			e.misses.add(pid, fp, now, now.Add(e.cfg.ExitCheckInterval))
+			e.warnOnce(reasonMismatch, "A profiled pid is another process in 'proc_root'; it is not declared. "+
+				"Likely cause: 'proc_root' is not the profiler's pid namespace (run the Collector in the host's pid namespace, "+
+				"or mount the host's /proc and point 'proc_root' at it)",
+				zap.Uint32("pid", pid), zap.String("proc_root", e.cfg.ProcRoot), zap.String("attribute", diff.key),
+				zap.String("profile", diff.profile), zap.String("proc_root_value", diff.proc))
+			return
+		}
 	}
-	_, err := client.Declare(declarer.Process{PID: pid, StartTimeTicks: start, Resource: attrs, Environment: environment(attrs)})
+	if !declarer.ValidUTF8(attrs) {
+		// Declared with each invalid run replaced by U+FFFD (declarer.ToValidUTF8), the rule the
+		// sidecar applies to its own procfs reads: an OTLP string must be UTF-8.
+		e.invalidUTF8.Add(1)
+		e.warnInvalidUTF8(pid, now)
+	}
+	_, err := client.Declare(declarer.Process{PID: pid, StartTimeTicks: start, Resource: attrs, SchemaURL: schemaURL, Environment: environment(attrs)})
 	switch {
 	case err == nil:
+		e.misses.forget(pid)
 		e.tracker.declared(pid, start, fp, now)
+		if ce := e.logger.Check(zap.DebugLevel, "Declared a profiled process to the gpumetrics sidecar"); ce != nil {
+			exe := ""
+			if v, ok := attrs.Get(attrExecutablePath); ok {
+				exe = v.AsString()
+			}
+			ce.Write(zap.Uint32("pid", pid), zap.Uint64("start_time_ticks", start), zap.String("executable", exe))
+		}
 	case errors.Is(err, declarer.ErrFull):
 		e.warnOnce(reasonCapacity, "'max_processes' processes are declared; profiles of new processes are not declared until some exit",
 			zap.Int("max_processes", e.cfg.MaxProcesses))
@@ -281,6 +331,20 @@ func (e *profilesExporter) sweep(client *declarer.Client, now time.Time) {
 	}
 }
 
+// warnInvalidUTF8 logs a process whose resource is not UTF-8: at WARN at most once per
+// utf8WarnInterval (naming how many were logged at DEBUG since), else at DEBUG.
+func (e *profilesExporter) warnInvalidUTF8(pid uint32, now time.Time) {
+	const msg = "A profile's resource has keys or string values that are not UTF-8; it is declared with each invalid run of bytes " +
+		"replaced by U+FFFD, as the gpumetrics sidecar reads the same values from /proc"
+	last := e.utf8WarnedAt.Load()
+	if (last == 0 || now.UnixNano()-last >= int64(utf8WarnInterval)) && e.utf8WarnedAt.CompareAndSwap(last, now.UnixNano()) {
+		e.logger.Warn(msg, zap.Uint32("pid", pid), zap.Int64("more_since_last_warning", e.utf8Suppressed.Swap(0)))
+		return
+	}
+	e.utf8Suppressed.Add(1)
+	e.logger.Debug(msg, zap.Uint32("pid", pid))
+}
+
 // warnOnce logs at WARN the first time key is seen, at DEBUG afterwards.
 func (e *profilesExporter) warnOnce(key, msg string, fields ...zap.Field) {
 	if _, seen := e.warned.LoadOrStore(key, struct{}{}); seen {
@@ -302,6 +366,8 @@ func (e *profilesExporter) registerTelemetry(client *declarer.Client) error {
 		o.ObserveInt64(b.GpumetricsExporterDeclarationsFailed, int64(s.Full), reason(reasonCapacity))     //nolint:gosec
 		o.ObserveInt64(b.GpumetricsExporterDeclarationsFailed, e.noPID.Load(), reason(reasonNoPID))
 		o.ObserveInt64(b.GpumetricsExporterDeclarationsFailed, e.gone.Load(), reason(reasonGone))
+		o.ObserveInt64(b.GpumetricsExporterDeclarationsFailed, e.mismatch.Load(), reason(reasonMismatch))
+		o.ObserveInt64(b.GpumetricsExporterDeclarationsFailed, e.invalidUTF8.Load(), reason(reasonInvalidUTF8))
 		o.ObserveInt64(b.GpumetricsExporterProcessesExited, e.exitedGone.Load(), reason(reasonGone))
 		o.ObserveInt64(b.GpumetricsExporterProcessesExited, e.exitedRestarted.Load(), reason(reasonRestarted))
 		o.ObserveInt64(b.GpumetricsExporterProcessesExited, e.exitedExpired.Load(), reason(reasonExpired))

@@ -99,6 +99,21 @@ func (p *fakeProc) set(pid uint32, start uint64) {
 	require.NoError(p.t, os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o644))
 }
 
+// setExe makes <root>/<pid>/exe a symlink to target (what readlink of /proc/<pid>/exe gives).
+func (p *fakeProc) setExe(pid uint32, target string) {
+	p.t.Helper()
+	link := filepath.Join(p.root, strconv.FormatUint(uint64(pid), 10), "exe")
+	_ = os.Remove(link)
+	require.NoError(p.t, os.Symlink(target, link))
+}
+
+// setBootTime writes <root>/stat with btime (seconds since the Unix epoch).
+func (p *fakeProc) setBootTime(btime int64) {
+	p.t.Helper()
+	stat := "cpu  1 2 3 4\nbtime " + strconv.FormatInt(btime, 10) + "\nprocesses 9\n"
+	require.NoError(p.t, os.WriteFile(filepath.Join(p.root, "stat"), []byte(stat), 0o644))
+}
+
 // remove deletes pid's directory (the process exited).
 func (p *fakeProc) remove(pid uint32) {
 	p.t.Helper()

@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/pmetric/pmetricotlp"
 	"go.opentelemetry.io/collector/pdata/pprofile"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -85,6 +86,12 @@ devices:
 	return path
 }
 
+// profilerSocket is where the sidecar of the pull socket `socket` serves the profiler service
+// (its own unix socket, as the sidecar's default; the exporter declares there).
+func profilerSocket(socket string) string {
+	return strings.TrimSuffix(socket, ".sock") + "-profiler.sock"
+}
+
 // sidecar is a running `gpumetrics serve --simulate` on a unix socket.
 type sidecar struct {
 	cmd *exec.Cmd
@@ -97,7 +104,7 @@ func startSidecar(t testing.TB, scenario, socket string) *sidecar {
 	log, err := os.Create(logPath)
 	require.NoError(t, err)
 	cmd := exec.Command(sidecarCommand(t), "serve", "--simulate", scenario, "--listen", "unix:"+socket,
-		"--batch-interval", "1", "--node-name", "exporter-it")
+		"--profiler-listen", "unix:"+profilerSocket(socket), "--batch-interval", "1", "--node-name", "exporter-it")
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "GPUMETRICS_") {
 			cmd.Env = append(cmd.Env, kv)
@@ -144,6 +151,8 @@ type puller struct {
 	pull gpumetricsv1.MetricsPullServiceClient
 	ack  uint64
 	ep   string
+	// schemaURL is the schema_url of the ResourceMetrics resource last returned.
+	schemaURL string
 }
 
 func newPuller(t *testing.T, socket string) *puller {
@@ -178,6 +187,7 @@ func (p *puller) resource(t *testing.T, pid int) map[string]any {
 		attrs := rms.At(i).Resource().Attributes()
 		if v, ok := attrs.Get("process.pid"); ok && v.Type() == pcommon.ValueTypeInt && v.Int() == int64(pid) {
 			found = attrs.AsRaw()
+			p.schemaURL = rms.At(i).SchemaUrl()
 		}
 	}
 	return found
@@ -239,7 +249,7 @@ func TestIntegrationRealSidecar(t *testing.T) {
 
 	env := newTestEnv(t)
 	cfg := createDefaultConfig().(*Config)
-	cfg.Endpoint = "unix://" + socket
+	cfg.Endpoint = "unix://" + profilerSocket(socket)
 	cfg.ExitCheckInterval = time.Hour // swept by hand below
 	cfg.ExpireAfter = 2 * time.Hour
 	require.NoError(t, cfg.Validate())
@@ -283,6 +293,40 @@ func TestIntegrationRealSidecar(t *testing.T) {
 	assert.Zero(t, env.metric(t, "otelcol_gpumetrics_exporter_declarations_failed"), "the real sidecar accepted every declaration")
 }
 
+// TestIntegrationNotUTF8AndSchemaURL (issue 27 items 2 and 5): a profile resource whose
+// environment value is raw Latin-1 (as the eBPF profiler sends what /proc shows) reaches the real
+// sidecar's GPU resource with the bytes replaced by U+FFFD, and the ResourceProfiles' schema_url
+// is the ResourceMetrics' schema_url.
+func TestIntegrationNotUTF8AndSchemaURL(t *testing.T) {
+	profiled := child(t)
+	pid := profiled.Process.Pid
+	scenario := writeScenario(t, pid)
+	socket := filepath.Join(t.TempDir(), "gm.sock")
+	sc := startSidecar(t, scenario, socket)
+
+	env := newTestEnv(t)
+	cfg := createDefaultConfig().(*Config)
+	cfg.Endpoint = "unix://" + profilerSocket(socket)
+	require.NoError(t, cfg.Validate())
+	exp, err := newProfilesExporter(env.set, cfg)
+	require.NoError(t, err)
+	require.NoError(t, exp.start(context.Background(), componenttest.NewNopHost()))
+	t.Cleanup(func() { require.NoError(t, exp.shutdown(context.Background())) })
+
+	pd := profileOf(t, pid, map[string]string{"LANG_NAME": "caf\xe9"}, nil)
+	pd.ResourceProfiles().At(0).SetSchemaUrl("https://opentelemetry.io/schemas/1.37.0")
+	require.NoError(t, exp.consumeProfiles(context.Background(), pd))
+	p := newPuller(t, socket)
+	got := p.waitResource(t, sc, pid, "the declared resource, not UTF-8 replaced", func(r map[string]any) bool {
+		return r["process.environment_variable.LANG_NAME"] == "caf\uFFFD"
+	})
+	want := pd.ResourceProfiles().At(0).Resource().Attributes().AsRaw()
+	want["process.environment_variable.LANG_NAME"] = "caf\uFFFD"
+	assert.Equal(t, want, got)
+	assert.Equal(t, "https://opentelemetry.io/schemas/1.37.0", p.schemaURL)
+	assert.Equal(t, int64(1), env.metric(t, "otelcol_gpumetrics_exporter_declarations_failed", attribute.String("reason", "invalid_utf8")))
+}
+
 // BenchmarkIntegrationRealSidecar10k: 10,000 new processes in one report, until the real
 // sidecar accepted every declaration (its declared store validates and holds each one); the
 // figure is declarations per second through the Python servicer. Run with
@@ -298,7 +342,7 @@ func BenchmarkIntegrationRealSidecar10k(b *testing.B) {
 		socket := filepath.Join(b.TempDir(), "gm.sock")
 		// The rig's recording listener is not started; point a fresh exporter at the sidecar.
 		cfg := *r.cfg
-		cfg.Endpoint = "unix://" + socket
+		cfg.Endpoint = "unix://" + profilerSocket(socket)
 		exp, err := newProfilesExporter(r.env.set, &cfg)
 		require.NoError(b, err)
 		require.NoError(b, exp.start(context.Background(), componenttest.NewNopHost()))

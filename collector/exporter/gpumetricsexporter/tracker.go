@@ -72,3 +72,55 @@ func (t *tracker) len() int {
 	defer t.mu.Unlock()
 	return len(t.procs)
 }
+
+// miss is a resource that could not be declared, remembered until until.
+type miss struct {
+	fp    uint64
+	until time.Time
+}
+
+// misses remembers, per pid, the last resource that could not be declared (its pid was gone
+// from proc_root, or proc_root showed another process there), so that the same resource in the
+// next reports costs no procfs read and is counted and logged once: until a profile of the pid
+// brings another resource, or until the entry expires. Bounded: at most max pids (expired
+// entries are dropped to make room; a full table remembers nothing more).
+type misses struct {
+	mu  sync.Mutex
+	m   map[uint32]miss
+	max int
+}
+
+func newMisses(maxEntries int) *misses { return &misses{m: make(map[uint32]miss), max: maxEntries} }
+
+// recent reports whether pid's resource of fingerprint fp could not be declared and its entry
+// has not expired at now.
+func (m *misses) recent(pid uint32, fp uint64, now time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.m[pid]
+	return ok && e.fp == fp && now.Before(e.until)
+}
+
+// add remembers that pid's resource of fingerprint fp could not be declared, until until.
+func (m *misses) add(pid uint32, fp uint64, now, until time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.m[pid]; !ok && len(m.m) >= m.max {
+		for p, e := range m.m {
+			if !now.Before(e.until) {
+				delete(m.m, p)
+			}
+		}
+		if len(m.m) >= m.max {
+			return
+		}
+	}
+	m.m[pid] = miss{fp: fp, until: until}
+}
+
+// forget drops what is remembered for pid (it was declared).
+func (m *misses) forget(pid uint32) {
+	m.mu.Lock()
+	delete(m.m, pid)
+	m.mu.Unlock()
+}

@@ -64,7 +64,7 @@ func startReal(t *testing.T, command string, c Case) *realSidecar {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "scenario.yaml"), []byte(scenario), 0o600))
-	cfg, err := yaml.Marshal(c.Config)
+	cfg, err := yaml.Marshal(withProfilerOnListen(c.Config))
 	require.NoError(t, err)
 	s := &realSidecar{command: command, dir: dir, config: filepath.Join(dir, "config.yaml")}
 	require.NoError(t, os.WriteFile(s.config, cfg, 0o600))
@@ -158,4 +158,24 @@ func (s *realSidecar) tail() string {
 		b = b[len(b)-4000:]
 	}
 	return string(b)
+}
+
+// withProfilerOnListen returns a case's configuration with server.profiler_listen empty: every
+// service on the one socket the runner dials (the sidecar's default puts the profiler service on
+// a socket of its own; a unix socket checks the peer's credentials, and the test runs as the
+// sidecar's own user, a trusted declarer).
+func withProfilerOnListen(config map[string]any) map[string]any {
+	out := map[string]any{}
+	for k, v := range config {
+		out[k] = v
+	}
+	server := map[string]any{}
+	if given, ok := config["server"].(map[string]any); ok {
+		for k, v := range given {
+			server[k] = v
+		}
+	}
+	server["profiler_listen"] = []any{}
+	out["server"] = server
+	return out
 }

@@ -238,7 +238,7 @@ type PullLogsResponse struct {
 	DroppedLogRecords      uint64 `protobuf:"varint,7,opt,name=dropped_log_records,json=droppedLogRecords,proto3" json:"dropped_log_records,omitempty"`
 	DroppedLogRecordsTotal uint64 `protobuf:"varint,8,opt,name=dropped_log_records_total,json=droppedLogRecordsTotal,proto3" json:"dropped_log_records_total,omitempty"`
 	// Why records were dropped since the previous PullLogs ("max_bytes", "max_log_records",
-	// "max_age").
+	// "max_age", "max_batch_bytes", "split_error").
 	DropReasons   []string `protobuf:"bytes,9,rep,name=drop_reasons,json=dropReasons,proto3" json:"drop_reasons,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

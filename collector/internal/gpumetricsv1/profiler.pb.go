@@ -105,8 +105,13 @@ type ProcessDeclaration struct {
 	// profiles reach the declaring component: a serialized opentelemetry.proto.resource.v1.Resource.
 	// In the sidecar's default (profiler) identity mode it becomes the process's GPU resource as is.
 	ProfilerResource []byte `protobuf:"bytes,5,opt,name=profiler_resource,json=profilerResource,proto3" json:"profiler_resource,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The schema URL of profiler_resource: the schema_url of the ResourceProfiles it came from
+	// (e.g. https://opentelemetry.io/schemas/1.37.0; at most 2048 bytes). In profiler mode the
+	// sidecar sets it as the schema_url of the process's ResourceMetrics. Empty: none declared
+	// (declarers older than this field send none).
+	ProfilerResourceSchemaUrl string `protobuf:"bytes,6,opt,name=profiler_resource_schema_url,json=profilerResourceSchemaUrl,proto3" json:"profiler_resource_schema_url,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
 }
 
 func (x *ProcessDeclaration) Reset() {
@@ -172,6 +177,13 @@ func (x *ProcessDeclaration) GetProfilerResource() []byte {
 		return x.ProfilerResource
 	}
 	return nil
+}
+
+func (x *ProcessDeclaration) GetProfilerResourceSchemaUrl() string {
+	if x != nil {
+		return x.ProfilerResourceSchemaUrl
+	}
+	return ""
 }
 
 // DeclareProcessesRequest declares a batch of processes.
@@ -858,13 +870,14 @@ const file_gpumetrics_v1_profiler_proto_rawDesc = "" +
 	"\x1cgpumetrics/v1/profiler.proto\x12\rgpumetrics.v1\"?\n" +
 	"\x13EnvironmentVariable\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\xec\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xad\x02\n" +
 	"\x12ProcessDeclaration\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\x12(\n" +
 	"\x10start_time_ticks\x18\x02 \x01(\x04R\x0estartTimeTicks\x12'\n" +
 	"\x0fprocess_context\x18\x03 \x01(\fR\x0eprocessContext\x12D\n" +
 	"\venvironment\x18\x04 \x03(\v2\".gpumetrics.v1.EnvironmentVariableR\venvironment\x12+\n" +
-	"\x11profiler_resource\x18\x05 \x01(\fR\x10profilerResource\"{\n" +
+	"\x11profiler_resource\x18\x05 \x01(\fR\x10profilerResource\x12?\n" +
+	"\x1cprofiler_resource_schema_url\x18\x06 \x01(\tR\x19profilerResourceSchemaUrl\"{\n" +
 	"\x17DeclareProcessesRequest\x12?\n" +
 	"\tprocesses\x18\x01 \x03(\v2!.gpumetrics.v1.ProcessDeclarationR\tprocesses\x12\x1f\n" +
 	"\vreplace_all\x18\x02 \x01(\bR\n" +

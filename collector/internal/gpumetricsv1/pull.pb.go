@@ -249,7 +249,7 @@ type PullResponse struct {
 	DroppedDataPoints      uint64 `protobuf:"varint,7,opt,name=dropped_data_points,json=droppedDataPoints,proto3" json:"dropped_data_points,omitempty"`
 	DroppedDataPointsTotal uint64 `protobuf:"varint,8,opt,name=dropped_data_points_total,json=droppedDataPointsTotal,proto3" json:"dropped_data_points_total,omitempty"`
 	// Why points were dropped since the previous Pull ("max_bytes", "max_data_points", "max_age",
-	// "max_batch_bytes").
+	// "max_batch_bytes", "max_collection_bytes", "split_error").
 	DropReasons   []string `protobuf:"bytes,9,rep,name=drop_reasons,json=dropReasons,proto3" json:"drop_reasons,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

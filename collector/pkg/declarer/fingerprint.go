@@ -11,8 +11,8 @@ import (
 var seed = maphash.MakeSeed()
 
 // Fingerprint returns a 64-bit hash of everything p declares: the start time, the resource
-// attributes (keys, value types and values, nested ones included), the environment and the
-// process context. It ignores the order of attributes and of environment variables (OTLP gives
+// attributes (keys, value types and values, nested ones included), its schema URL, the
+// environment and the process context. It ignores the order of attributes and of environment variables (OTLP gives
 // it no meaning, and the eBPF profiler emits its environment attributes in Go map order), and it
 // allocates nothing, so an unchanged process costs no encoding. Two Process values that declare
 // the same thing have the same fingerprint within one run of the program; a different one means
@@ -22,6 +22,7 @@ func Fingerprint(p Process) uint64 {
 	h.SetSeed(seed)
 	writeUint(&h, p.StartTimeTicks)
 	writeUint(&h, hashMap(p.Resource))
+	writeString(&h, p.SchemaURL)
 	var env uint64
 	for _, v := range p.Environment {
 		var e maphash.Hash

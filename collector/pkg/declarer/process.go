@@ -32,8 +32,13 @@ type Process struct {
 	// e.g. process.pid (int), process.executable.name/path, container.id. It is encoded at
 	// Declare time as an opentelemetry.proto.resource.v1.Resource (keys sorted; of a key given
 	// twice the first is kept, as pcommon.Map.Get reads it), so the caller may reuse the map
-	// afterwards. Every value type of pcommon.Value is kept as is.
+	// afterwards. Every value type of pcommon.Value is kept as is; keys and strings that are not
+	// UTF-8 (which a protobuf string cannot carry) follow ToValidUTF8's rule.
 	Resource pcommon.Map
+	// SchemaURL is the schema URL of Resource: the schema_url of the ResourceProfiles it came
+	// from (e.g. https://opentelemetry.io/schemas/1.37.0), or "" for none. The sidecar puts it
+	// on the process's ResourceMetrics; it accepts at most 2048 bytes.
+	SchemaURL string
 	// Environment is the process's captured environment variables (raw bytes from
 	// /proc/<pid>/environ), e.g. OTEL_SERVICE_NAME. The sidecar accepts non-empty names without
 	// '=' or NUL, unique, values without NUL (docs/protocol.md): a declaration that breaks this
@@ -81,6 +86,8 @@ func newEntry(p Process, fp uint64) (*entry, error) {
 			ProcessContext:   bytes.Clone(p.ProcessContext),
 			Environment:      env,
 			ProfilerResource: res,
+			// the sidecar's own protobuf decoder refuses a string that is not UTF-8
+			ProfilerResourceSchemaUrl: ToValidUTF8(p.SchemaURL),
 		},
 		fp: fp,
 	}, nil
@@ -90,7 +97,8 @@ func newEntry(p Process, fp uint64) (*entry, error) {
 // ProcessDeclaration.profiler_resource: keys sorted (OTLP gives attribute order no meaning, and a
 // fixed order makes equal maps encode equally), the first of a duplicated key kept, values of
 // every type as they are (string, int, double, bool, bytes, arrays, maps; an empty value stays
-// an AnyValue without a value). An empty map encodes as empty bytes.
+// an AnyValue without a value), except that keys and strings that are not UTF-8 follow
+// ToValidUTF8's rule (ValidUTF8 tells whether any does). An empty map encodes as empty bytes.
 func EncodeResource(attrs pcommon.Map) ([]byte, error) {
 	if attrs.Len() == 0 {
 		return nil, nil
@@ -108,6 +116,7 @@ func keyValues(m pcommon.Map) []*commonpb.KeyValue {
 	out := make([]*commonpb.KeyValue, 0, m.Len())
 	seen := make(map[string]struct{}, m.Len())
 	m.Range(func(k string, v pcommon.Value) bool {
+		k = ToValidUTF8(k)
 		if _, dup := seen[k]; !dup {
 			seen[k] = struct{}{}
 			out = append(out, &commonpb.KeyValue{Key: k, Value: anyValue(v)})
@@ -122,7 +131,7 @@ func keyValues(m pcommon.Map) []*commonpb.KeyValue {
 func anyValue(v pcommon.Value) *commonpb.AnyValue {
 	switch v.Type() {
 	case pcommon.ValueTypeStr:
-		return &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: v.Str()}}
+		return &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: ToValidUTF8(v.Str())}}
 	case pcommon.ValueTypeInt:
 		return &commonpb.AnyValue{Value: &commonpb.AnyValue_IntValue{IntValue: v.Int()}}
 	case pcommon.ValueTypeDouble:

@@ -7,10 +7,12 @@ codes; nvidia-ml-py's ``pynvml.py`` for how each code surfaces):
    delivered to the event sets registered for them;
 2. the call is counted per (symbol, device index);
 3. library state: access revoked (UNKNOWN; ``nvmlShutdown`` still releases the caller's
-   reference), upgraded driver (its code), not initialised (UNINITIALIZED) -- except for the
-   calls allowed before init;
+   reference), upgraded driver (its code), reloaded driver (UNINITIALIZED until the reference
+   count is back to 0; ``nvmlShutdown`` still counts), not initialised (UNINITIALIZED) --
+   except for the calls allowed before init;
 4. faults: latency (PCIe's built-in window included) and hangs pass *outside* the lock,
-   then an injected code is returned;
+   then an injected code is returned (and the symbol's ``on_fault`` sees it: a registration
+   answering UNKNOWN leaves its event set undefined, as nvml.h says);
 5. the handle: unknown/NULL (INVALID_ARGUMENT and a violation; with ``driver.invalid_handle:
    abort`` the process aborts, as the real library crashes), stale (its code), lost GPU
    (GPU_IS_LOST), MIG handle where only a GPU is accepted (the symbol's ``mig_code``);
@@ -158,6 +160,8 @@ def _run(drv: SimDriver, sym: Symbol, args: tuple[Any, ...], trace: _Trace) -> i
                 return codes.UNKNOWN
             if drv.upgraded_code is not None:
                 return drv.upgraded_code
+            if drv.reloaded and name != "nvmlShutdown":
+                return codes.UNINITIALIZED  # the session died with the old module
             if drv.init_count == 0:
                 if drv.strict:
                     drv.violation("call_while_uninitialized", name, "no nvmlInit in force")
@@ -171,6 +175,9 @@ def _run(drv: SimDriver, sym: Symbol, args: tuple[Any, ...], trace: _Trace) -> i
             if timed_out is not None:
                 return timed_out
         if action.code is not None:
+            if sym.on_fault is not None:
+                with drv.lock:
+                    sym.on_fault(drv, args, action.code)
             return action.code
     with drv.lock:
         if drv.closed or (sym.needs_init and drv.init_count == 0):

@@ -110,6 +110,7 @@ class SimDriver:
         self.load_attempts = 0
         self.upgraded_code: int | None = None
         self.revoked = False
+        self.reloaded = False
         self.in_flight = 0
         self.held = 0
         self.watchers = 0  # threads in wait_until_*: only then do calls notify

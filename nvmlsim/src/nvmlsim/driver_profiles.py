@@ -82,6 +82,8 @@ _READINGS = {
     "nvmlDeviceGetEncoderStats",
     "nvmlDeviceGetPowerManagementDefaultLimit",
     "nvmlDeviceGetPowerManagementLimitConstraints",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
 }
 _PROC_V1 = {"nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"}
 _MPS_V1 = {"nvmlDeviceGetMPSComputeRunningProcesses"}

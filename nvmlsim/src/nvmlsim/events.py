@@ -1,4 +1,4 @@
-"""Scenario events (GPU lost/restored, driver upgraded, access revoked, MIG changes...).
+"""Scenario events (GPU lost/restored, driver upgraded or reloaded, access revoked, MIG...).
 
 Events are applied lazily: every call first applies the events whose time has come, so a
 manual clock needs no background thread. ``apply_event`` is also used by
@@ -21,6 +21,13 @@ from nvmlsim.world import DeviceState, Timeline, World
 __all__ = ["EventQueue", "EventTarget", "apply_event"]
 
 
+class EventSetTable(Protocol):
+    """What an event needs of the driver's event sets (``nvmlsim.eventsets.EventSets``)."""
+
+    def forget_all(self) -> None:
+        """Drop every set (they died with the driver that made them)."""
+
+
 class EventTarget(Protocol):
     """The driver state an event reads and changes (``SimDriver`` has it)."""
 
@@ -32,6 +39,12 @@ class EventTarget(Protocol):
     upgraded_code: int | None
     #: True after ``revoke_access``: everything answers UNKNOWN
     revoked: bool
+    #: True after ``reload_driver`` until the reference count is back to 0: UNINITIALIZED
+    reloaded: bool
+
+    @property
+    def event_sets(self) -> EventSetTable:
+        """The driver's event sets (a ``reload_driver`` forgets them)."""
 
 
 class EventQueue:
@@ -83,6 +96,14 @@ def apply_event(drv: EventTarget, event: Event, at_us: int | None = None) -> Non
         return
     if action in ("revoke_access", "restore_access"):
         drv.revoked = action == "revoke_access"
+        return
+    if action == "reload_driver":
+        drv.reloaded = True
+        drv.event_sets.forget_all()  # the old module's sets are gone with it
+        stale = drv.scenario.driver.stale_handle_code
+        for gpu in world.devices:
+            world.renew_handles(gpu, stale)
+            _reset_energy(drv, gpu, at_us)  # "since the driver was last reloaded"
         return
     assert event.device is not None  # the model requires it for the other actions
     target = world.target(event.device)

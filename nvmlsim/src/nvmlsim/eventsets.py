@@ -9,6 +9,10 @@ https://docs.nvidia.com/deploy/nvml-api/group__nvmlEvents.html, and ``nvmlEventS
   device's ``supported_events``; registering a device again adds the types;
 * every registered set gets its own copy of each event, queued in order; a wait returns the
   oldest one;
+* a registration that answers UNKNOWN (a fault) leaves the set undefined (nvml.h,
+  ``nvmlDeviceRegisterEvents``: "event set is in undefined state and should be freed"):
+  registering on it or waiting on it answers UNKNOWN and records an ``undefined_event_set``
+  violation; freeing it is the only correct use;
 * a registration belongs to the handle it was made with: after a GPU reset (``restore_gpu``)
   the old registration delivers nothing more, and the device must be registered again with
   its new handle;
@@ -71,6 +75,9 @@ class EventSetState:
     handle: int
     registrations: dict[int, _Registration] = field(default_factory=dict)
     queue: deque[QueuedEvent] = field(default_factory=deque)
+    undefined: bool = False
+    """A registration on it answered UNKNOWN: nvml.h says the set "is in undefined state and
+    should be freed"; anything but ``nvmlEventSetFree`` on it is a violation."""
 
     def live(self) -> list[_Registration]:
         """Registrations still valid: made with the device's current handle (not reset since)."""

@@ -1,6 +1,7 @@
 """The ``gpumetrics`` console script (entry point ``gpumetrics.cli:main``).
 
-Commands: ``serve`` (the sidecar), ``pull ADDR``, ``declare ADDR``, ``count-gpus``; ``--version``.
+Commands: ``serve`` (the sidecar), ``pull ADDR``, ``pull-logs ADDR`` (the GPU events),
+``declare ADDR``, ``count-gpus``; ``--version``.
 
 Exit codes:
 
@@ -82,10 +83,11 @@ def main(argv: Sequence[str] | None = None, **sidecar_options: Any) -> int:
             if args.command is None:
                 args = parse_args(parser, ["serve", *argv])
             return cmd_serve(args, handshake, **sidecar_options)
-        from gpumetrics.cli import client
+        from gpumetrics.cli import client, logs
 
         commands = {
             "pull": client.cmd_pull,
+            "pull-logs": logs.cmd_pull_logs,
             "declare": client.cmd_declare,
             "count-gpus": client.cmd_count_gpus,
         }

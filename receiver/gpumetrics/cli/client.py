@@ -15,6 +15,7 @@ import argparse
 import datetime as _dt
 import ipaddress
 import json
+import math
 import os
 import sys
 import time
@@ -275,10 +276,16 @@ _MIN_ACK_S = 1.0
 
 
 def _check_times(args: argparse.Namespace) -> None:
+    # float() accepts nan and inf: a deadline of either is none (worded like the configuration's
+    # finite_number error, gpumetrics.settingsbase)
+    wait = getattr(args, "wait", 0.0)
+    for flag, value in (("--timeout", args.timeout), ("--wait", wait)):
+        if not math.isfinite(value):
+            raise CommandError(f"{flag} {value:g}: must be a finite number of seconds", 2)
     if not args.timeout > 0:
         raise CommandError(f"--timeout {args.timeout:g}: must be more than 0 seconds", 2)
-    if not getattr(args, "wait", 0.0) >= 0:
-        raise CommandError(f"--wait {args.wait:g}: must be 0 or more seconds", 2)
+    if not wait >= 0:
+        raise CommandError(f"--wait {wait:g}: must be 0 or more seconds", 2)
 
 
 _NOTHING_LISTENS = ("Connection refused", "No such file or directory")
@@ -341,14 +348,17 @@ def _hint(err: grpc.RpcError, args: argparse.Namespace, budget_s: float) -> str:
 
 
 def _pull_waiting(
-    stub: Any,
-    request: pull_pb2.PullRequest,
+    call: Callable[..., Any],
+    request: Any,
     args: argparse.Namespace,
     metadata: Any,
     clock: Callable[[], float],
     pause: Callable[[float], None],
-) -> tuple[pull_pb2.PullResponse, float]:
-    """Pull once within the command's deadline, retrying UNAVAILABLE while ``--wait`` lasts.
+    what: str = "pull",
+) -> tuple[Any, float]:
+    """Call ``Pull`` or ``PullLogs`` once within the deadline, retrying UNAVAILABLE.
+
+    ``call`` is the stub's method, ``what`` names the command in errors.
 
     The deadline is ``max(--timeout, --wait)`` seconds from now and bounds every attempt
     together: each attempt gets what is left of it. UNAVAILABLE (nothing listens yet, or no
@@ -368,12 +378,12 @@ def _pull_waiting(
     end, retry_until = start + budget, start + max(0.0, args.wait)
     while True:
         try:
-            response = stub.Pull(request, timeout=max(end - clock(), 0.0), metadata=metadata)
+            response = call(request, timeout=max(end - clock(), 0.0), metadata=metadata)
             return response, end
         except grpc.RpcError as err:
             retry = err.code() == grpc.StatusCode.UNAVAILABLE and not _tls_failed(err)
             if not retry or clock() + _RETRY_PAUSE_S >= min(retry_until, end):
-                raise _rpc_error("pull", args.address, err, _hint(err, args, budget)) from None
+                raise _rpc_error(what, args.address, err, _hint(err, args, budget)) from None
         pause(_RETRY_PAUSE_S)
 
 
@@ -387,8 +397,9 @@ def cmd_pull(
 
     ``--timeout`` and ``--wait`` bound the whole command (:func:`_pull_waiting`); the
     acknowledgement gets what is left, at least 1 s. An empty answer prints ``no new batches``
-    (on stderr with ``--format json``, so stdout stays empty). ``clock`` and ``pause`` are
-    injectable for tests.
+    (with ``--format json``: on stderr, and stdout gets ``{}``, the JSON of an empty
+    ``ExportMetricsServiceRequest``, so a script always reads one JSON document). ``clock`` and
+    ``pause`` are injectable for tests.
     """
     out = out if out is not None else sys.stdout
     _check_times(args)
@@ -398,10 +409,9 @@ def cmd_pull(
         request = pull_pb2.PullRequest(
             consumer=args.consumer, max_data_points=args.max_points, max_bytes=args.max_bytes
         )
-        response, end = _pull_waiting(stub, request, args, metadata, clock, pause)
+        response, end = _pull_waiting(stub.Pull, request, args, metadata, clock, pause)
         if not response.last_sequence:
-            note = f"no new batches for consumer {args.consumer!r} (epoch {response.epoch})"
-            print(note, file=out if args.format == "text" else sys.stderr)
+            nothing_new(args, response.epoch, out)
             return EXIT_OK
         otlp = metrics_service_pb2.ExportMetricsServiceRequest.FromString(
             response.export_metrics_service_request
@@ -420,6 +430,21 @@ def cmd_pull(
             except grpc.RpcError as err:
                 raise _rpc_error("acknowledging the pull from", args.address, err) from None
     return EXIT_OK
+
+
+def nothing_new(args: argparse.Namespace, epoch: str, out: TextIO) -> None:
+    """Report an empty answer: ``no new batches …`` on ``out`` (``--format text``).
+
+    With ``--format json``, ``out`` gets ``{}`` (the JSON of an empty OTLP request, so stdout is
+    always one JSON document) and the note goes to stderr.
+    """
+    note = f"no new batches for consumer {args.consumer!r} (epoch {epoch})"
+    if args.format == "text":
+        print(note, file=out)
+        return
+    print("{}", file=out)
+    out.flush()
+    print(note, file=sys.stderr)
 
 
 def parse_pairs(items: Sequence[str], flag: str) -> list[tuple[str, str]]:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import gpumetrics
+from gpumetrics.service.settings import default_profiler_socket
 
 __all__ = ["SERVE_FLAGS", "CommandParser", "build_parser", "parse_args", "serve_overrides"]
 
@@ -16,7 +17,8 @@ SERVE_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--listen", "server.listen", {"metavar": "ADDR", "action": "append",
      "help": "main listener, host:port or unix:/path (repeatable; default 127.0.0.1:4319)"}),
     ("--profiler-listen", "server.profiler_listen", {"metavar": "ADDR", "action": "append",
-     "help": "separate listener for the profiler service (repeatable)"}),
+     "help": "listener of the profiler service (repeatable; default "
+             "unix:///run/gpumetrics/profiler.sock as root, else under $XDG_RUNTIME_DIR)"}),
     ("--health-listen", "server.health_listen", {"metavar": "ADDR",
      "help": "plaintext listener for gRPC health only"}),
     ("--pull-token-file", "server.pull_token_file", {"metavar": "FILE",
@@ -40,6 +42,8 @@ SERVE_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
      "type": lambda text: [n.strip() for n in text.split(",") if n.strip()],
      "help": "comma-separated variables reported as process.environment_variable.<NAME> "
              "(the profiler's -env-vars)"}),
+    ("--store-path", "store.path", {"metavar": "DIR",
+     "help": "keep unacknowledged batches and cursors on disk here (default: memory only)"}),
     ("--batch-interval", "runtime.batch_interval_s", {"metavar": "SECONDS", "type": float,
      "help": "seconds between store batches (default 10)"}),
     ("--collection-interval", "collection.interval_s", {"metavar": "SECONDS", "type": float,
@@ -122,13 +126,25 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
         out["push.insecure"] = ("--push-insecure", True)
     if getattr(args, "allow_insecure_listen", False):
         out["server.allow_insecure_listen"] = ("--allow-insecure-listen", True)
+    if getattr(args, "allow_unauthenticated_declare", False):
+        out["server.allow_unauthenticated_declare"] = ("--allow-unauthenticated-declare", True)
     return out
 
 
-def _client_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "address", metavar="ADDR", help="sidecar address: host:port, unix:/path or /path"
-    )
+def _client_flags(p: argparse.ArgumentParser, default_address: str | None = None) -> None:
+    if default_address is None:
+        p.add_argument(
+            "address", metavar="ADDR", help="sidecar address: host:port, unix:/path or /path"
+        )
+    else:
+        p.add_argument(
+            "address",
+            metavar="ADDR",
+            nargs="?",
+            default=default_address,
+            help=f"the sidecar's profiler listener: host:port, unix:/path or /path "
+            f"(default {default_address}, the sidecar's default for this user)",
+        )
     p.add_argument("--token-file", metavar="FILE", help="send the bearer token in FILE")
     p.add_argument("--tls", action="store_true", help="use TLS with the system roots")
     p.add_argument("--ca-file", metavar="FILE", help="use TLS, trusting these roots (PEM)")
@@ -144,8 +160,33 @@ def _client_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _pull_flags(p: argparse.ArgumentParser) -> None:
+    """Add the flags ``pull`` and ``pull-logs`` share (each adds its own record cap)."""
+    _client_flags(p)
+    p.add_argument(
+        "--format", choices=["json", "text"], default="json", help="json = OTLP/JSON (default)"
+    )
+    p.add_argument("--consumer", default="cli", help="consumer name (default cli)")
+    p.add_argument("--no-ack", action="store_true", help="do not acknowledge what was pulled")
+    p.add_argument(
+        "--max-bytes",
+        type=_int_in(0, UINT64_MAX, f"0..{UINT64_MAX} (a uint64; 0 = server default)"),
+        default=0,
+        metavar="N",
+        help="cap on bytes (0 = server default)",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep retrying for up to SECONDS while the sidecar is starting or has not produced "
+        "its first batch (UNAVAILABLE); default 0 = one attempt",
+    )
+
+
 def build_parser() -> CommandParser:
-    """Build the whole command line (``serve``, ``pull``, ``declare``, ``count-gpus``)."""
+    """Build the command line: ``serve``, ``pull``, ``pull-logs``, ``declare``, ``count-gpus``."""
     parser = CommandParser(
         prog="gpumetrics",
         description="NVIDIA GPU metrics as OTLP over a gRPC pull endpoint.",
@@ -180,6 +221,12 @@ def build_parser() -> CommandParser:
         help="allow a non-loopback TCP listener without TLS (trusted networks only)",
     )
     serve.add_argument(
+        "--allow-unauthenticated-declare",
+        action="store_true",
+        help="allow the profiler service on TCP without a declare token or mTLS "
+        "(anyone who can connect may declare; single-user hosts only)",
+    )
+    serve.add_argument(
         "--plugin",
         action="store_true",
         help="require go-plugin mode (fails unless started by the go-plugin host)",
@@ -193,12 +240,7 @@ def build_parser() -> CommandParser:
         description="Pull once and print "
         "the ExportMetricsServiceRequest; acknowledge it unless --no-ack.",
     )
-    _client_flags(pull)
-    pull.add_argument(
-        "--format", choices=["json", "text"], default="json", help="json = OTLP/JSON (default)"
-    )
-    pull.add_argument("--consumer", default="cli", help="consumer name (default cli)")
-    pull.add_argument("--no-ack", action="store_true", help="do not acknowledge what was pulled")
+    _pull_flags(pull)
     pull.add_argument(
         "--max-points",
         type=_int_in(0, UINT32_MAX, f"0..{UINT32_MAX} (a uint32; 0 = server default)"),
@@ -206,20 +248,19 @@ def build_parser() -> CommandParser:
         metavar="N",
         help="cap on data points (0 = server default)",
     )
-    pull.add_argument(
-        "--max-bytes",
-        type=_int_in(0, UINT64_MAX, f"0..{UINT64_MAX} (a uint64; 0 = server default)"),
+    pull_logs = sub.add_parser(
+        "pull-logs",
+        help="pull the GPU events (OTLP logs) once and print",
+        description="Pull the GPU events once (gpumetrics.v1.LogsPullService) and print the "
+        "ExportLogsServiceRequest; acknowledge it unless --no-ack.",
+    )
+    _pull_flags(pull_logs)
+    pull_logs.add_argument(
+        "--max-records",
+        type=_int_in(0, UINT32_MAX, f"0..{UINT32_MAX} (a uint32; 0 = server default)"),
         default=0,
         metavar="N",
-        help="cap on bytes (0 = server default)",
-    )
-    pull.add_argument(
-        "--wait",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="keep retrying for up to SECONDS while the sidecar is starting or has not produced "
-        "its first batch (UNAVAILABLE); default 0 = one attempt",
+        help="cap on log records (0 = server default)",
     )
 
     declare = sub.add_parser(
@@ -227,7 +268,7 @@ def build_parser() -> CommandParser:
         help="declare one process's identity",
         description="Declare one process to the profiler-integration service.",
     )
-    _client_flags(declare)
+    _client_flags(declare, f"unix://{default_profiler_socket()}")
     declare.add_argument(
         "--pid",
         # the wire's bound (uint32); the sidecar rejects, and names, a pid above its pid_max
@@ -269,5 +310,13 @@ def build_parser() -> CommandParser:
     count.add_argument(
         "--proc-root", default="/proc", metavar="DIR", help="procfs root (default /proc)"
     )
-    parser.commands.update({"serve": serve, "pull": pull, "declare": declare, "count-gpus": count})
+    parser.commands.update(
+        {
+            "serve": serve,
+            "pull": pull,
+            "pull-logs": pull_logs,
+            "declare": declare,
+            "count-gpus": count,
+        }
+    )
     return parser

@@ -26,7 +26,9 @@ health). Default: ``127.0.0.1:4319``. Example: ``unix:///run/gpumetrics/gpumetri
 
 GPUMETRICS_PROFILER_LISTEN = "GPUMETRICS_PROFILER_LISTEN"
 """``server.profiler_listen``: comma-separated listeners for the profiler-integration service
-only. Default: none (served on the main listeners). Example: ``unix:///run/gpumetrics/profiler.sock``."""
+only. Default: ``unix:///run/gpumetrics/profiler.sock`` as root, else
+``$XDG_RUNTIME_DIR/gpumetrics/profiler.sock`` (``/tmp/gpumetrics-<uid>/profiler.sock`` without
+``XDG_RUNTIME_DIR``). Example: ``unix:///var/run/gpumetrics/profiler.sock``."""
 
 GPUMETRICS_HEALTH_LISTEN = "GPUMETRICS_HEALTH_LISTEN"
 """``server.health_listen``: a plaintext listener serving only gRPC health (Kubernetes probes).
@@ -41,9 +43,22 @@ GPUMETRICS_DECLARE_TOKEN_FILE = "GPUMETRICS_DECLARE_TOKEN_FILE"
 Default: none (no token needed). Example: ``/run/secrets/gpumetrics-declare-token``."""
 
 GPUMETRICS_ALLOW_INSECURE_LISTEN = "GPUMETRICS_ALLOW_INSECURE_LISTEN"
-"""``server.allow_insecure_listen``: allow a non-loopback TCP listener without TLS (and the
-profiler service there without a declare token or mTLS); trusted networks only
-(``true``/``false``). Default: ``false``. Example: ``true``."""
+"""``server.allow_insecure_listen``: allow a non-loopback TCP listener without TLS; trusted
+networks only (``true``/``false``). Default: ``false``. Example: ``true``."""
+
+GPUMETRICS_ALLOW_UNAUTHENTICATED_DECLARE = "GPUMETRICS_ALLOW_UNAUTHENTICATED_DECLARE"
+"""``server.allow_unauthenticated_declare``: allow the profiler service on a TCP listener without
+a declare token or mTLS (whoever can connect may declare any process's identity); single-user
+hosts you trust only (``true``/``false``). Default: ``false``. Example: ``true``."""
+
+GPUMETRICS_TRUSTED_DECLARER_UIDS = "GPUMETRICS_TRUSTED_DECLARER_UIDS"
+"""``server.trusted_declarer_uids``: comma-separated uids whose unix-socket connections may
+declare any process (besides root and the sidecar's own user). Default: none.
+Example: ``10001``."""
+
+GPUMETRICS_TRUSTED_DECLARER_GIDS = "GPUMETRICS_TRUSTED_DECLARER_GIDS"
+"""``server.trusted_declarer_gids``: comma-separated gids or group names likewise.
+Default: none. Example: ``parca``."""
 
 GPUMETRICS_TLS_CERT_FILE = "GPUMETRICS_TLS_CERT_FILE"
 """``server.tls_cert_file``: PEM server certificate chain (TLS on TCP listeners). Default: none.
@@ -121,6 +136,11 @@ GPUMETRICS_STORE_MAX_DATA_POINTS = "GPUMETRICS_STORE_MAX_DATA_POINTS"
 
 GPUMETRICS_STORE_MAX_AGE_S = "GPUMETRICS_STORE_MAX_AGE_S"
 """``store.max_age_s``: oldest batch kept, in seconds. Default: ``900``. Example: ``300``."""
+
+GPUMETRICS_STORE_PATH = "GPUMETRICS_STORE_PATH"
+"""``store.path``: directory of the durable store (SQLite files of the batches, GPU events and
+cursors not yet acknowledged, kept across restarts). Default: none (memory only).
+Example: ``/var/lib/gpumetrics``."""
 
 GPUMETRICS_EVENTS_ENABLED = "GPUMETRICS_EVENTS_ENABLED"
 """``events.enabled``: listen for NVML events (Xid, ECC...) and serve them as OTLP logs
@@ -205,6 +225,9 @@ ENV_BINDINGS: tuple[EnvBinding, ...] = (
     EnvBinding(GPUMETRICS_TLS_CLIENT_CA_FILE, "server.tls_client_ca_file"),
     EnvBinding(GPUMETRICS_HEALTH_LISTEN, "server.health_listen"),
     EnvBinding(GPUMETRICS_ALLOW_INSECURE_LISTEN, "server.allow_insecure_listen"),
+    EnvBinding(GPUMETRICS_ALLOW_UNAUTHENTICATED_DECLARE, "server.allow_unauthenticated_declare"),
+    EnvBinding(GPUMETRICS_TRUSTED_DECLARER_UIDS, "server.trusted_declarer_uids", EnvKind.LIST),
+    EnvBinding(GPUMETRICS_TRUSTED_DECLARER_GIDS, "server.trusted_declarer_gids", EnvKind.LIST),
     EnvBinding(GPUMETRICS_SIMULATE, "runtime.simulate"),
     EnvBinding(GPUMETRICS_BATCH_INTERVAL_S, "runtime.batch_interval_s"),
     EnvBinding(GPUMETRICS_UNHEALTHY_AFTER_NVML_DOWN_S, "runtime.unhealthy_after_nvml_down_s"),
@@ -222,6 +245,7 @@ ENV_BINDINGS: tuple[EnvBinding, ...] = (
     EnvBinding(GPUMETRICS_STORE_MAX_BYTES, "store.max_bytes"),
     EnvBinding(GPUMETRICS_STORE_MAX_DATA_POINTS, "store.max_data_points"),
     EnvBinding(GPUMETRICS_STORE_MAX_AGE_S, "store.max_age_s"),
+    EnvBinding(GPUMETRICS_STORE_PATH, "store.path"),
     EnvBinding(GPUMETRICS_EVENTS_ENABLED, "events.enabled"),
     EnvBinding(GPUMETRICS_EVENTS_TYPES, "events.types", EnvKind.LIST),
     EnvBinding(GPUMETRICS_EVENTS_STORM_BURST, "events.storm_burst"),

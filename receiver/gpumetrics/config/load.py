@@ -201,6 +201,8 @@ def format_validation_error(
             msg = match.group(2)
         if err.get("type") == "extra_forbidden":
             msg = "unknown setting"
+        elif err.get("type") == "finite_number":  # NaN or infinity (settingsbase)
+            msg = f"must be a finite number, got {err.get('input')}"
         source = _source_of(path, sources or {}) or default_source
         lines.append(f"'{path}'" + (f" (from {source})" if source else "") + f": {msg}")
     return lines

@@ -19,16 +19,20 @@ defaults out (a test checks the example equals :func:`default_config`).
 from __future__ import annotations
 
 import enum
+import os
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpumetrics.events.settings import EventSettings
 from gpumetrics.identity import limits as _declared
+from gpumetrics.identity import resource_limits as _resource
 from gpumetrics.identity.modes import IdentityMode, validate_env_var_names
+from gpumetrics.identity.resource_limits import ResourceLimits
 from gpumetrics.kubernetes.settings import KubernetesSettings
 from gpumetrics.nvml.settings import CollectionSettings
 from gpumetrics.service.push_settings import PushSettings
 from gpumetrics.service.settings import ServerSettings
+from gpumetrics.settingsbase import SettingsModel
 from gpumetrics.store import limits as _limits
 from gpumetrics.store.limits import StoreLimits
 
@@ -39,6 +43,7 @@ __all__ = [
     "LogSettings",
     "PluginSettings",
     "PluginTransport",
+    "ResourceLimitSettings",
     "RuntimeSettings",
     "SidecarConfig",
     "StoreSettings",
@@ -46,10 +51,8 @@ __all__ = [
     "default_config",
 ]
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
 
-
-class StoreSettings(BaseModel):
+class StoreSettings(SettingsModel):
     """Batch store bounds (``store``); defaults and sizing from :mod:`gpumetrics.store.limits`.
 
     Attributes:
@@ -58,23 +61,52 @@ class StoreSettings(BaseModel):
         max_age_s: oldest batch kept (s), default 900.
         consumer_ttl_s: a consumer silent this long (s) stops pinning data, default 300.
         max_consumers: consumers at once (pull consumers plus ``push``), default 16.
+        max_collection_bytes: serialized bytes of one batch interval's collection (By), default
+            16 MiB: the budget of the batch under construction. The host resource is always
+            kept; a process whose resource does not fit what is left is left out, its points
+            counted as drop reason ``max_collection_bytes``.
+        path: directory of the durable store (``metrics.sqlite``, ``logs.sqlite``: SQLite in WAL
+            mode, :mod:`gpumetrics.store.journal`); created (mode 0700) if missing. Batches, GPU
+            event records and every consumer's cursor are written there before they are
+            served, so a restarted sidecar resumes its epoch and loses nothing unacknowledged.
+            None or ``""`` (default): memory only. Must be an absolute path.
 
     """
-
-    model_config = _STRICT
 
     max_bytes: int = Field(default=_limits.DEFAULT_MAX_BYTES, gt=0)
     max_data_points: int = Field(default=_limits.DEFAULT_MAX_DATA_POINTS, gt=0)
     max_age_s: float = Field(default=_limits.DEFAULT_MAX_AGE_S, gt=0)
     consumer_ttl_s: float = Field(default=_limits.DEFAULT_CONSUMER_TTL_S, gt=0)
     max_consumers: int = Field(default=_limits.DEFAULT_MAX_CONSUMERS, gt=0)
+    max_collection_bytes: int = Field(default=_limits.DEFAULT_MAX_COLLECTION_BYTES, gt=0)
+    path: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _store_path(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if "\0" in value:
+            raise ValueError("must not contain a NUL character")
+        if value != value.strip():
+            raise ValueError(f"must not begin or end with white space, got {value!r}")
+        if not value.startswith("/"):
+            raise ValueError(
+                f"must be an absolute path (a directory for the durable store), got {value!r}"
+            )
+        normal = os.path.normpath(value)
+        if normal in ("/", "/proc", "/sys", "/dev") or normal.startswith(("/proc/", "/sys/")):
+            raise ValueError(
+                f"{value!r} cannot hold the durable store; use e.g. /var/lib/gpumetrics"
+            )
+        return normal
 
     def limits(self) -> StoreLimits:
         """Return the :class:`~gpumetrics.store.StoreLimits` these settings describe."""
-        return StoreLimits(**self.model_dump())
+        return StoreLimits(**self.model_dump(exclude={"max_collection_bytes", "path"}))
 
 
-class DeclaredLimits(BaseModel):
+class DeclaredLimits(SettingsModel):
     """Limits of the declared-process store (``identity.declared``; defaults: ``identity.limits``).
 
     Attributes:
@@ -87,8 +119,6 @@ class DeclaredLimits(BaseModel):
 
     """
 
-    model_config = _STRICT
-
     max_processes: int = Field(default=_declared.DEFAULT_MAX_PROCESSES, ge=1)
     max_process_context_bytes: int = Field(
         default=_declared.DEFAULT_MAX_PROCESS_CONTEXT_BYTES, ge=1
@@ -100,7 +130,36 @@ class DeclaredLimits(BaseModel):
     max_bytes: int = Field(default=_declared.DEFAULT_MAX_BYTES, ge=1)
 
 
-class IdentitySettings(BaseModel):
+class ResourceLimitSettings(SettingsModel):
+    """Limits of one per-process resource (``identity.resource_limits``).
+
+    The semantics are the OpenTelemetry SDK's attribute limits
+    (:mod:`gpumetrics.identity.resource_limits`).
+
+    Attributes:
+        attribute_value_length_limit: longest string value (characters) or byte array (bytes),
+            also inside arrays and maps; longer ones are truncated. Default 4096 (``PATH_MAX``).
+        attribute_count_limit: most attributes; later ones are discarded. Default 128.
+        max_bytes: most encoded bytes of a resource's attributes (By); an attribute that would
+            exceed it is discarded. Default 8 KiB.
+        cache_max_bytes: estimated memory (By) of the resources cached for reuse across batches
+            (least recently used evicted first). Default 16 MiB.
+
+    """
+
+    attribute_value_length_limit: int = Field(
+        default=_resource.DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT, ge=1
+    )
+    attribute_count_limit: int = Field(default=_resource.DEFAULT_ATTRIBUTE_COUNT_LIMIT, ge=1)
+    max_bytes: int = Field(default=_resource.DEFAULT_MAX_RESOURCE_BYTES, ge=1)
+    cache_max_bytes: int = Field(default=_declared.DEFAULT_RESOURCE_CACHE_MAX_BYTES, ge=1)
+
+    def limits(self) -> ResourceLimits:
+        """Return the :class:`~gpumetrics.identity.resource_limits.ResourceLimits` they set."""
+        return ResourceLimits(**self.model_dump(exclude={"cache_max_bytes"}))
+
+
+class IdentitySettings(SettingsModel):
     """How per-process resources are built (``identity``).
 
     Attributes:
@@ -126,10 +185,10 @@ class IdentitySettings(BaseModel):
         read_process_context: read undeclared processes' OTEP 4719 ``OTEL_CTX`` mappings
             (enriched mode only).
         declared: limits of the declared-process store.
+        resource_limits: limits of one per-process resource (value length, attribute count,
+            encoded bytes) and of the resources cached.
 
     """
-
-    model_config = _STRICT
 
     mode: IdentityMode = IdentityMode.PROFILER
     include_env_vars: tuple[str, ...] = ()
@@ -141,6 +200,7 @@ class IdentitySettings(BaseModel):
     relabel_config: str | None = None
     read_process_context: bool = True
     declared: DeclaredLimits = Field(default_factory=lambda: DeclaredLimits())
+    resource_limits: ResourceLimitSettings = Field(default_factory=lambda: ResourceLimitSettings())
 
     @field_validator("include_env_vars", mode="before")
     @classmethod
@@ -164,7 +224,7 @@ class IdentitySettings(BaseModel):
         return value
 
 
-class RuntimeSettings(BaseModel):
+class RuntimeSettings(SettingsModel):
     """The sidecar runtime (``runtime``).
 
     Attributes:
@@ -180,8 +240,6 @@ class RuntimeSettings(BaseModel):
             request (GPU reset) does not count. Default 120; 0 = health never follows NVML.
 
     """
-
-    model_config = _STRICT
 
     batch_interval_s: float = Field(default=10.0, gt=0, le=3600)
     shutdown_timeout_s: float = Field(default=10.0, gt=0, le=600)
@@ -203,7 +261,7 @@ class PluginTransport(enum.StrEnum):
     TCP = "tcp"
 
 
-class PluginSettings(BaseModel):
+class PluginSettings(SettingsModel):
     """go-plugin mode (``plugin``); used only when the host's magic cookie is present.
 
     Attributes:
@@ -214,8 +272,6 @@ class PluginSettings(BaseModel):
         parent_check_interval_s: how often (s) the parent pid is checked.
 
     """
-
-    model_config = _STRICT
 
     transport: PluginTransport = PluginTransport.UNIX
     shutdown_timeout_s: float = Field(default=1.5, gt=0, lt=2.0)
@@ -230,7 +286,7 @@ class LogFormatSetting(enum.StrEnum):
     TEXT = "text"
 
 
-class LogSettings(BaseModel):
+class LogSettings(SettingsModel):
     """Logging (``log``): records go to stderr.
 
     Attributes:
@@ -238,8 +294,6 @@ class LogSettings(BaseModel):
         format: ``auto``, ``json`` (hclog-compatible) or ``text``.
 
     """
-
-    model_config = _STRICT
 
     level: str = "info"
     format: LogFormatSetting = LogFormatSetting.AUTO
@@ -253,10 +307,8 @@ class LogSettings(BaseModel):
         return value.lower()
 
 
-class SidecarConfig(BaseModel):
+class SidecarConfig(SettingsModel):
     """The whole sidecar configuration (see the module docstring for the sections)."""
-
-    model_config = _STRICT
 
     server: ServerSettings = Field(default_factory=lambda: ServerSettings())
     store: StoreSettings = Field(default_factory=lambda: StoreSettings())
@@ -294,13 +346,10 @@ class SidecarConfig(BaseModel):
 
     @model_validator(mode="after")
     def _batches_hold_a_resource(self) -> SidecarConfig:
-        # one data point of a process carries that process's whole resource: the batch bound
-        # must leave room for the largest one the declared-store limits let a profiler create
-        d = self.identity.declared
-        declared = (
-            d.max_process_context_bytes + d.max_environment_bytes + d.max_profiler_resource_bytes
-        )
-        need = declared + RESOURCE_ENVELOPE_BYTES
+        # one data point of a process carries that process's whole resource: a batch, and a
+        # collection, must leave room for the largest one the resource limits allow
+        need = self.identity.resource_limits.max_bytes + RESOURCE_ENVELOPE_BYTES
+        limit = "identity.resource_limits.max_bytes"
         if self.max_batch_bytes < need:
             by_push = self.push.max_bytes_per_export < self.server.pull_default_max_bytes
             field = (
@@ -310,9 +359,16 @@ class SidecarConfig(BaseModel):
             )
             raise ValueError(
                 f"{field}: {self.max_batch_bytes} bytes cannot hold one process's resource: "
-                f"identity.declared.* let a profiler declare {declared} bytes of attributes "
-                f"(plus {RESOURCE_ENVELOPE_BYTES} for the rest); raise it to at least {need} "
-                "or lower identity.declared.*"
+                f"{limit} lets a resource take {need - RESOURCE_ENVELOPE_BYTES} bytes "
+                f"(plus {RESOURCE_ENVELOPE_BYTES} for its scope, metric and point); raise it to "
+                f"at least {need} or lower {limit}"
+            )
+        if self.store.max_collection_bytes < need:
+            raise ValueError(
+                f"store.max_collection_bytes: {self.store.max_collection_bytes} bytes cannot "
+                f"hold one process's resource ({limit} lets it take "
+                f"{need - RESOURCE_ENVELOPE_BYTES} bytes, plus {RESOURCE_ENVELOPE_BYTES}); "
+                f"raise it to at least {need} or lower {limit}"
             )
         return self
 
@@ -335,9 +391,10 @@ class SidecarConfig(BaseModel):
         return self
 
 
-RESOURCE_ENVELOPE_BYTES = 64 * 1024
-"""Room for what a process's resource holds besides declared attributes (host, pid, executable
-path up to ``PATH_MAX``, container id), its scope, one metric and one data point."""
+RESOURCE_ENVELOPE_BYTES = 4 * 1024
+"""Room for what a batch holds besides one process's resource (whose attributes
+``identity.resource_limits.max_bytes`` bounds): its scope, one metric's header and one data
+point with its GPU attributes."""
 
 
 def batch_cap(server: ServerSettings, push: PushSettings) -> int:

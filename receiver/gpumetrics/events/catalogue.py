@@ -22,6 +22,7 @@ __all__ = [
     "EventTypeSpec",
     "RecoveryAction",
     "Severity",
+    "UnknownXid",
     "XidSpec",
     "event_catalogue",
     "parse_event_catalogue",
@@ -110,12 +111,31 @@ class RecoveryAction:
 
 
 @dataclass(frozen=True)
+class UnknownXid:
+    """NVML's marker for an Xid the driver could not identify (``eventData`` 999, nvml.h).
+
+    Attributes:
+        code: the marker (999).
+        description: what the ``nvidia.gpu.xid.description`` attribute says.
+        severity: the record's severity.
+        meaning: a sentence for people: what it is and where the real Xid is.
+
+    """
+
+    code: int
+    description: str
+    severity: Severity
+    meaning: str
+
+
+@dataclass(frozen=True)
 class EventCatalogue:
     """The parsed ``catalogue.yaml``."""
 
     types: Mapping[str, EventTypeSpec]
     xids: Mapping[int, XidSpec]
     recovery_actions: Mapping[int, RecoveryAction]
+    unknown_xid: UnknownXid
 
     def by_bit(self, bit: int) -> EventTypeSpec | None:
         """Return the NVML event type with ``bit``, or None."""
@@ -191,9 +211,18 @@ def parse_event_catalogue(text: str) -> EventCatalogue:
             actions[value] = RecoveryAction(
                 value, str(raw["name"]), _severity(raw["severity"], f"recovery_actions[{i}]")
             )
+        raw = doc["unknown_xid"]
+        unknown = UnknownXid(
+            code=int(raw["code"]),
+            description=str(raw["description"]),
+            severity=_severity(raw["severity"], "unknown_xid.severity"),
+            meaning=str(raw["meaning"]),
+        )
+        if unknown.code in xids:
+            raise ValueError(f"unknown_xid.code: Xid {unknown.code} is also in xids")
     except (KeyError, TypeError) as exc:
         raise ValueError(f"event catalogue: missing or malformed field {exc}") from None
-    return EventCatalogue(types, xids, actions)
+    return EventCatalogue(types, xids, actions, unknown)
 
 
 @cache

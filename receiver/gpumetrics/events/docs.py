@@ -46,7 +46,10 @@ def render_event_tables(cat: EventCatalogue) -> str:
         "",
         "### Recovery actions (`nvidia.gpu.recovery_action`)",
         "",
-        "| eventData | name | severity |",
+        "The value of `nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)`, read when "
+        "the event arrives; `unknown` (WARN) when that read fails or gives another value.",
+        "",
+        "| value | name | severity |",
         "|---|---|---|",
     ]
     for a in cat.recovery_actions.values():
@@ -64,6 +67,12 @@ def render_event_tables(cat: EventCatalogue) -> str:
             f"| {x.code} | `{x.mnemonic}` | {x.description} | {x.immediate_action} "
             f"| {x.investigatory_action} | {x.severity.name} | {x.meaning} |"
         )
+    u = cat.unknown_xid
+    out += [
+        "",
+        f"Xid {u.code} is not an Xid of NVIDIA's catalog but NVML's marker for an unknown one: "
+        f"{u.description}, {u.severity.name}. {u.meaning}",
+    ]
     return "\n".join(out) + "\n"
 
 

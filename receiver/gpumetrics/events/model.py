@@ -35,7 +35,12 @@ class GpuEvent:
         gpu_instance_id: NVML's ``gpuInstanceId`` when it names an instance, else None.
         compute_instance_id: NVML's ``computeInstanceId`` likewise.
         nvml_type: the NVML event type bit as delivered (0 for derived events).
-        reason: for ``gpu_lost``, the NVML return code name (``GPU_IS_LOST``).
+        reason: for ``gpu_lost``, the NVML return code name (``GPU_IS_LOST``); for
+            ``gpu_recovery_action``, what reading the action answered when it failed.
+        recovery_action: for ``gpu_recovery_action``, the ``nvmlDeviceGpuRecoveryAction_t``
+            value read with ``nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)``
+            when the event arrived (the event's own ``eventData`` is 0, nvml.h); None when
+            that read failed (the action is unknown).
 
     """
 
@@ -49,6 +54,7 @@ class GpuEvent:
     compute_instance_id: int | None = None
     nvml_type: int = 0
     reason: str = ""
+    recovery_action: int | None = None
 
     @property
     def label(self) -> str:

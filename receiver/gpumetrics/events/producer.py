@@ -33,10 +33,14 @@ MAX_SERIES = 4096
 
 
 class LogStore(Protocol):
-    """What :meth:`EventProducer.flush_to` appends to (``BatchStore.append_serialized``)."""
+    """What :meth:`EventProducer.flush_to` appends to (``BatchStore.append``)."""
 
-    def append_serialized(self, data: bytes, points: int) -> int:
-        """Append one serialized request holding ``points`` items; return its sequence."""
+    def append(self, request: Any) -> int:
+        """Append one ``ExportLogsServiceRequest``; return the sequence of its last batch.
+
+        The log store serializes it resource by resource and splits, by log records, what does
+        not fit one batch, from the message itself (no serialized copy parsed back).
+        """
 
 
 def count_log_records(request: Any) -> int:
@@ -93,7 +97,7 @@ class EventProducer:
         """Count ``event``; queue its record unless the storm limit or the queue bound hold it."""
         with self._lock:
             self._count(event)
-            key = (event.device_id, event.type, event.data)
+            key = (event.device_id, event.type, event.data, event.recovery_action)
             verdict, closed = self._storm.admit(key, event, event.observed_ns)
             if closed is not None:
                 self._enqueue(closed, event.type)
@@ -181,10 +185,9 @@ class EventProducer:
     def flush_to(self, store: LogStore, final: bool = False) -> int | None:
         """Collect and append the result to ``store``; return its sequence (None: nothing)."""
         req = self.collect(final)
-        n = count_log_records(req)
-        if not n:
+        if not count_log_records(req):
             return None
-        return store.append_serialized(req.SerializeToString(), n)
+        return store.append(req)
 
 
 def _metrics_scope() -> Scope:

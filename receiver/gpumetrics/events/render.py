@@ -23,7 +23,7 @@ from typing import Any
 
 from opentelemetry.proto.logs.v1 import logs_pb2
 
-from gpumetrics.events.catalogue import EventCatalogue, EventTypeSpec, Severity
+from gpumetrics.events.catalogue import EventCatalogue, EventTypeSpec, RecoveryAction, Severity
 from gpumetrics.events.model import GpuEvent
 from gpumetrics.events.storm import Window
 from gpumetrics.metrics import names
@@ -33,6 +33,7 @@ __all__ = [
     "AttrEventData",
     "AttrEventNVMLType",
     "AttrRecoveryAction",
+    "AttrRecoveryActionValue",
     "AttrSuppressedCount",
     "XID_CATALOG_URL",
     "render_event",
@@ -47,6 +48,7 @@ AttrXidDescription = "nvidia.gpu.xid.description"
 AttrXidImmediateAction = "nvidia.gpu.xid.immediate_action"
 AttrXidInvestigatoryAction = "nvidia.gpu.xid.investigatory_action"
 AttrRecoveryAction = "nvidia.gpu.recovery_action"
+AttrRecoveryActionValue = "nvidia.gpu.recovery_action.value"
 AttrReturnCode = "nvml.return_code"
 AttrSuppressedCount = "nvidia.gpu.event.suppressed_count"
 AttrSuppressedFirst = "nvidia.gpu.event.suppressed_first_time"
@@ -59,19 +61,33 @@ XID_CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catal
 _INT64_MAX = 2**63 - 1
 
 
+UNKNOWN_ACTION = "unknown"
+"""``nvidia.gpu.recovery_action`` when the action could not be read or is not in the catalogue."""
+
+
 def severity_of(event: GpuEvent, cat: EventCatalogue) -> Severity:
     """Return the severity of ``event``: the type's, the Xid's, or the recovery action's.
 
-    Unknown Xids and recovery actions are WARN: something the driver thought worth reporting.
+    Xids missing from the catalogue and unknown recovery actions are WARN: something the
+    driver thought worth reporting; NVML's unknown-Xid marker has the catalogue's severity.
     """
     spec = cat.types[event.type]
     if spec.severity_rule == "xid":
+        if event.data == cat.unknown_xid.code:
+            return cat.unknown_xid.severity
         xid = cat.xids.get(event.data)
         return xid.severity if xid is not None else Severity.WARN
     if spec.severity_rule == "recovery_action":
-        action = cat.recovery_actions.get(event.data)
+        action = _action(event, cat)
         return action.severity if action is not None else Severity.WARN
     return spec.severity or Severity.WARN
+
+
+def _action(event: GpuEvent, cat: EventCatalogue) -> RecoveryAction | None:
+    """Return the catalogue entry of the recovery action read for ``event`` (None: unknown)."""
+    if event.recovery_action is None:
+        return None
+    return cat.recovery_actions.get(event.recovery_action)
 
 
 def _attributes(event: GpuEvent, spec: EventTypeSpec, cat: EventCatalogue) -> list[Any]:
@@ -91,7 +107,9 @@ def _attributes(event: GpuEvent, spec: EventTypeSpec, cat: EventCatalogue) -> li
     if event.type == "xid" and event.data <= _INT64_MAX:
         attrs.append((names.AttrXidCode, event.data))
         xid = cat.xids.get(event.data)
-        if xid is not None:
+        if event.data == cat.unknown_xid.code:
+            attrs.append((AttrXidDescription, cat.unknown_xid.description))
+        elif xid is not None:
             attrs += [
                 (AttrXidMnemonic, xid.mnemonic),
                 (AttrXidDescription, xid.description),
@@ -99,9 +117,10 @@ def _attributes(event: GpuEvent, spec: EventTypeSpec, cat: EventCatalogue) -> li
                 (AttrXidInvestigatoryAction, xid.investigatory_action),
             ]
     if event.type == "gpu_recovery_action":
-        action = cat.recovery_actions.get(event.data)
-        if action is not None:
-            attrs.append((AttrRecoveryAction, action.name))
+        action = _action(event, cat)
+        attrs.append((AttrRecoveryAction, action.name if action is not None else UNKNOWN_ACTION))
+        if event.recovery_action is not None:
+            attrs.append((AttrRecoveryActionValue, event.recovery_action))
     if event.reason:
         attrs.append((AttrReturnCode, event.reason))
     return attrs
@@ -117,6 +136,11 @@ def body_of(event: GpuEvent, cat: EventCatalogue) -> str:
     where = _where(event)
     if event.type == "xid":
         xid = cat.xids.get(event.data)
+        if event.data == cat.unknown_xid.code:
+            return (
+                f"Unknown Xid on {where} (NVML's unknown-Xid marker, eventData "
+                f"{event.data}): {cat.unknown_xid.meaning}"
+            )
         if xid is None:
             return (
                 f"Xid {event.data} on {where}: not in gpumetrics' Xid catalogue; see NVIDIA's "
@@ -135,9 +159,18 @@ def body_of(event: GpuEvent, cat: EventCatalogue) -> str:
         )
     text = f"{spec.summary.rstrip('.')} on {where}"
     if event.type == "gpu_recovery_action":
-        action = cat.recovery_actions.get(event.data)
-        name = action.name if action is not None else f"unknown ({event.data})"
-        return f"{text}: recovery action {name}."
+        action = _action(event, cat)
+        if action is not None:
+            return f"{text}: recovery action {action.name}."
+        if event.recovery_action is not None:
+            return (
+                f"{text}: recovery action unknown (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = "
+                f"{event.recovery_action}, a value gpumetrics does not know); see nvidia-smi -q."
+            )
+        return (
+            f"{text}: recovery action unknown (reading NVML_FI_DEV_GET_GPU_RECOVERY_ACTION "
+            f"answered {event.reason or 'an error'}); see nvidia-smi -q."
+        )
     if event.data:
         return f"{text} (eventData {event.data})."
     return text + "."

@@ -6,9 +6,10 @@ Every default is on its field and in ``docs/configuration.md``; errors name the 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from gpumetrics.events.catalogue import event_catalogue
+from gpumetrics.settingsbase import SettingsModel
 
 __all__ = ["EventSettings", "default_event_types"]
 
@@ -24,7 +25,7 @@ def default_event_types() -> tuple[str, ...]:
     return tuple(s.type for s in event_catalogue().nvml_types if s.default)
 
 
-class EventSettings(BaseModel):
+class EventSettings(SettingsModel):
     """How GPU events are collected, limited and kept.
 
     Attributes:
@@ -46,8 +47,6 @@ class EventSettings(BaseModel):
     store's (``store.*``).
 
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = True
     types: tuple[str, ...] = Field(default_factory=default_event_types)

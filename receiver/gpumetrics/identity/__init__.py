@@ -27,6 +27,7 @@ from gpumetrics.identity.modes import (
     IdentityMode,
     check_profiler_mode_rules,
     is_observed_key,
+    process_observer,
     profiler_resource,
 )
 from gpumetrics.identity.processctx import (
@@ -71,6 +72,7 @@ __all__ = [
     "encode_process_context",
     "env_resource",
     "is_observed_key",
+    "process_observer",
     "load_relabel_configs",
     "new_process_resourcer",
     "parse_relabel_configs",

@@ -2,8 +2,8 @@
 
 Field names in :class:`DeclarationError` are relative to one ``ProcessDeclaration`` message of
 ``proto/gpumetrics/v1/profiler.proto`` (``pid``, ``start_time_ticks``, ``process_context``,
-``environment[2].name``, ``profiler_resource``); the gRPC servicer prefixes them with
-``processes[i].``.
+``environment[2].name``, ``profiler_resource``, ``profiler_resource_schema_url``); the gRPC
+servicer prefixes them with ``processes[i].``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ PID_MAX_LIMIT = 4_194_304
 ``include/linux/threads.h``)."""
 
 _U64_MAX = 2**64 - 1
+
+MAX_SCHEMA_URL_BYTES = 2048
+"""Longest ``profiler_resource_schema_url`` accepted (UTF-8 bytes); schema URLs are short
+(``https://opentelemetry.io/schemas/1.37.0``)."""
 
 
 class DeclarationError(ValueError):
@@ -50,6 +54,7 @@ class DeclarationInput(NamedTuple):
     process_context: bytes = b""
     environment: Sequence[tuple[str, bytes]] = ()
     profiler_resource: bytes = b""
+    profiler_resource_schema_url: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,8 @@ class Declared:
             (``container.id``, ``k8s.*``, APM ``service.name``, ...).
         declared_at_ns: when the store accepted it, ns since the Unix epoch.
         declarer: id of the declaring profiler connection ("" if unnamed).
+        schema_url: the schema URL of ``profiler_attributes`` (the ``schema_url`` of the
+            ``ResourceProfiles`` they came from; "" when none was declared).
 
     """
 
@@ -97,6 +104,7 @@ class Declared:
     profiler_attributes: dict[str, AttrValue]
     declared_at_ns: int
     declarer: str
+    schema_url: str = ""
 
 
 def _as_bytes(value: object, field: str) -> bytes:
@@ -135,6 +143,24 @@ def validate_start_time(start_time_ticks: object) -> int:
             "start_time_ticks", f"must be an integer in 0..2^64-1, got {start_time_ticks!r}"
         )
     return start_time_ticks
+
+
+def validate_schema_url(schema_url: object) -> str:
+    """Return ``schema_url`` if it is a string of at most :data:`MAX_SCHEMA_URL_BYTES` bytes.
+
+    Kept verbatim (OTLP gives ``schema_url`` no syntax to check beyond being a string).
+
+    Raises:
+        DeclarationError: field ``profiler_resource_schema_url``.
+
+    """
+    field = "profiler_resource_schema_url"
+    if not isinstance(schema_url, str):
+        raise DeclarationError(field, f"must be a string, got {type(schema_url).__name__}")
+    size = len(schema_url.encode("utf-8", "surrogatepass"))
+    if size > MAX_SCHEMA_URL_BYTES:
+        raise DeclarationError(field, f"{size} bytes exceed the limit of {MAX_SCHEMA_URL_BYTES}")
+    return sys.intern(schema_url) if schema_url else ""
 
 
 def _environment(
@@ -188,12 +214,13 @@ def validate_declaration(
     declarer: str,
     declared_at_ns: int,
     limits: DeclarationLimits,
+    schema_url: object = "",
 ) -> Declared:
     """Validate and decode one declaration.
 
     ``process_context`` is a serialized OTEP 4719 ``ProcessContext`` (empty = none);
     ``profiler_resource`` a serialized ``opentelemetry.proto.resource.v1.Resource`` (empty =
-    none).
+    none); ``schema_url`` its schema URL (``profiler_resource_schema_url``, "" = none).
 
     Raises:
         DeclarationError: naming the first offending field.
@@ -232,6 +259,7 @@ def validate_declaration(
             prof = from_key_values(resource_pb2.Resource.FromString(res_raw).attributes)
         except DecodeError as exc:
             raise DeclarationError("profiler_resource", f"not a Resource: {exc}") from None
+    schema = validate_schema_url(schema_url)
     return Declared(
         pid=pid_v,
         start_time_ticks=start,
@@ -242,4 +270,5 @@ def validate_declaration(
         profiler_attributes=prof,
         declared_at_ns=declared_at_ns,
         declarer=declarer,
+        schema_url=schema,
     )

@@ -221,6 +221,7 @@ class DeclaredStore:
         environment: Sequence[tuple[str, bytes]],
         profiler_resource: bytes,
         declarer: str = "",
+        schema_url: str = "",
     ) -> Declared:
         """Validate and hold one declaration (replacing what ``pid`` had).
 
@@ -232,6 +233,8 @@ class DeclaredStore:
                 unique (any captured variable, not only ``OTEL_*``).
             profiler_resource: serialized ``opentelemetry.proto.resource.v1.Resource`` (b"" = none).
             declarer: id of the declaring connection (for resynchronisation).
+            schema_url: the schema URL of ``profiler_resource`` ("" = none), at most
+                :data:`~gpumetrics.identity.declaration.MAX_SCHEMA_URL_BYTES` bytes.
 
         Returns:
             The held :class:`Declared`.
@@ -259,6 +262,7 @@ class DeclaredStore:
                 declarer=declarer,
                 declared_at_ns=self._clock(),
                 limits=self._limits,
+                schema_url=schema_url,
             )
         except DeclarationError:
             self._reject(pid, declarer)
@@ -462,9 +466,9 @@ class DeclaredStore:
         resync = self.begin_resync(declarer)
         try:
             for index, item in enumerate(declarations):
-                pid, start, ctx, env, res = item
+                pid, start, ctx, env, res, schema = item
                 try:
-                    self.declare(pid, start, ctx, env, res, declarer)
+                    self.declare(pid, start, ctx, env, res, declarer, schema)
                 except DeclarationError as exc:
                     if on_error is not None:
                         on_error(index, exc)

@@ -1,6 +1,7 @@
-"""Default limits of the declared-process store (``identity.declared`` in the configuration).
+"""Default limits of the declared-process store (``identity.declared``) and of the resource cache.
 
-Constants only, so the configuration model can name the defaults without importing the store.
+The cache is the resourcer's (``identity.resource_limits.cache_max_bytes``). Constants only, so
+the configuration model can name the defaults without importing the store.
 :class:`~gpumetrics.identity.declared.DeclaredStore` takes them as its parameter defaults.
 """
 
@@ -21,3 +22,8 @@ DEFAULT_MAX_PROFILER_RESOURCE_BYTES = 65536
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """Default ``max_bytes``: 64 MiB of decoded declarations (about 20,000 typical ones of ~3 KiB,
 or 40 with every field at its 64 KiB limit)."""
+
+DEFAULT_RESOURCE_CACHE_MAX_BYTES = 16 * 1024 * 1024
+"""Default ``identity.resource_limits.cache_max_bytes``: the resources the resourcer keeps for
+reuse across batches, estimated like declarations (about 1 000 resources at the 8 KiB resource
+limit, far more typical ones of under 1 KiB)."""

@@ -21,27 +21,35 @@ The eBPF profiler's resource (``go.opentelemetry.io/ebpf-profiler`` v0.0.202633,
   ``process.executable.name``: what follows its last ``/`` (both absent when unreadable);
 * ``container.id``: :func:`gpumetrics.identity.cgroup.container_id` (absent when none);
 * ``process.environment_variable.<NAME>``: for each configured name (its ``-env-vars`` /
-  ``include_env_vars``) present in ``/proc/<pid>/environ``, the value verbatim;
+  ``include_env_vars``) present in ``/proc/<pid>/environ``, the value verbatim, except that
+  bytes which are not UTF-8 become U+FFFD by :mod:`gpumetrics.identity.utf8`'s rule (the rule
+  the Collector's exporter applies to what the profiler sends, so both sides stay equal);
 * ``service.name`` only from its APM-agent integration, which the sidecar cannot see, so it is
-  never computed here (a declaration carries it).
+  never computed here (a declaration carries it);
+* the ``ResourceProfiles`` carry ``schema_url`` :data:`PROFILER_SCHEMA_URL` (``semconv.SchemaURL``
+  of ``go.opentelemetry.io/otel/semconv/v1.37.0``, ``rp.SetSchemaUrl`` in ``generate.go``).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from gpumetrics.identity.attrs import AttrValue
-from gpumetrics.identity.procfs import ProcessInfo
+from gpumetrics.identity.procfs import ProcessInfo, ProcfsReader
 from gpumetrics.identity.relabel_config import Action, RelabelConfig, RelabelConfigError
+from gpumetrics.identity.utf8 import to_valid_utf8
 
 __all__ = [
     "ENV_VAR_PREFIX",
     "MAX_INCLUDE_ENV_VARS",
     "OBSERVED_KEYS",
+    "OBSERVED_PREFIXES",
+    "PROFILER_SCHEMA_URL",
     "IdentityMode",
     "check_profiler_mode_rules",
     "is_observed_key",
+    "process_observer",
     "profiler_resource",
     "validate_env_var_names",
 ]
@@ -49,24 +57,32 @@ __all__ = [
 ENV_VAR_PREFIX = "process.environment_variable."
 """Semconv ``process.environment_variable.<key>``: the profiler's key for a captured variable."""
 
+PROFILER_SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
+"""The schema URL the eBPF profiler (v0.0.202633) gives each process's profile resource; the
+schema URL of an undeclared process's resource in profiler mode (a declaration brings its own)."""
+
 MAX_INCLUDE_ENV_VARS = 256
 """Most environment variable names that may be configured (as a declaration's ``environment``)."""
 
 OBSERVED_KEYS = frozenset(
     {
-        "k8s.node.name",
         "process.pid",
         "process.executable.name",
         "process.executable.path",
         "process.owner",
         "process.creation.time",
-        "container.id",
     }
 )
 """Keys only the sidecar's own observation or configuration (or a declaring profiler) may set;
-``host.*`` and ``process.environment_variable.*`` too (:func:`is_observed_key`)."""
+every key under :data:`OBSERVED_PREFIXES` too (:func:`is_observed_key`)."""
 
-_OBSERVED_PREFIXES = ("host.", ENV_VAR_PREFIX)
+OBSERVED_PREFIXES = ("host.", "k8s.", "container.", ENV_VAR_PREFIX)
+"""Namespaces whose every key is observed: ``host.*`` (the node), ``k8s.*`` (what Kubernetes,
+the kubelet's pod-resources API or a Collector's ``k8sattributes`` know: namespace, pod, uid,
+container, deployment and other workload names, node, labels), ``container.*`` (what the
+container runtime and the cgroup show: id, name, image) and the captured variables
+``process.environment_variable.*`` (read from ``/proc/<pid>/environ``, not from what the process
+says about them)."""
 
 
 class IdentityMode(enum.StrEnum):
@@ -81,17 +97,21 @@ class IdentityMode(enum.StrEnum):
 def is_observed_key(key: str) -> bool:
     """Whether ``key`` is observed or configured identity that a process cannot override.
 
-    ``host.*``, ``k8s.node.name``, ``process.pid``, ``process.executable.*``,
-    ``process.owner``, ``process.creation.time``, ``container.id`` and
-    ``process.environment_variable.*``: a process naming itself after another host, container
-    or executable would move its GPU metrics there.
+    ``host.*``, ``k8s.*``, ``container.*``, ``process.pid``, ``process.executable.*``,
+    ``process.owner``, ``process.creation.time`` and ``process.environment_variable.*``: a
+    process naming itself after another host, pod, namespace, container or executable would
+    move its GPU metrics there (issue 11 item 11 for ``host.*``/``container.id``, issue 23 item
+    3 for ``k8s.*``: ``OTEL_RESOURCE_ATTRIBUTES=k8s.pod.name=victim-pod`` put a process's GPU
+    usage on another pod).
 
     Examples:
         >>> is_observed_key("host.name"), is_observed_key("service.name")
         (True, False)
+        >>> is_observed_key("k8s.pod.name"), is_observed_key("k8s.deployment.name")
+        (True, True)
 
     """
-    return key in OBSERVED_KEYS or key.startswith(_OBSERVED_PREFIXES)
+    return key in OBSERVED_KEYS or key.startswith(OBSERVED_PREFIXES)
 
 
 def profiler_resource(
@@ -104,8 +124,8 @@ def profiler_resource(
         info: what procfs shows for ``pid`` (read with the configured ``include_env_vars``), or
             None when it is not visible: then only ``process.pid``.
         invalid_env: receives the name of each configured variable whose value is not UTF-8
-            (left out: an OTLP string must be UTF-8, so the profiler's raw bytes cannot be
-            reproduced).
+            (an OTLP string must be UTF-8: its invalid bytes are replaced,
+            :func:`~gpumetrics.identity.utf8.to_valid_utf8`).
 
     Returns:
         ``process.pid`` (int), then ``container.id``, ``process.executable.path``/``.name`` and
@@ -121,11 +141,10 @@ def profiler_resource(
         res["process.executable.path"] = info.exe_target
         res["process.executable.name"] = info.exe_target.rsplit("/", 1)[-1]
     for name, raw in (info.env_vars or {}).items():
-        try:
-            res[ENV_VAR_PREFIX + name] = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            if invalid_env is not None:
-                invalid_env.append(name)
+        value, replaced = to_valid_utf8(raw)
+        res[ENV_VAR_PREFIX + name] = value
+        if replaced and invalid_env is not None:
+            invalid_env.append(name)
     return res
 
 
@@ -192,3 +211,26 @@ def check_profiler_mode_rules(rules: Sequence[RelabelConfig]) -> None:
                 "the profile resource), so only keep/drop rules and temporary '__' labels are "
                 "allowed; set identity.mode to 'enriched' to add labels"
             )
+
+
+def process_observer(
+    proc_root: str, host_pid_namespace: bool | None = None
+) -> Callable[[int, Sequence[str]], dict[str, AttrValue]]:
+    """Return ``observe(pid, env_var_names)``: :func:`profiler_resource` of ``pid`` read now.
+
+    What the sidecar itself sees of a process, by the eBPF profiler's rules, with the variables
+    ``env_var_names`` captured: the service layer compares the observed keys a declarer that is
+    not trusted sends with it (``gpumetrics.service.declarers``). Each call reads procfs afresh.
+    """
+    base = ProcfsReader(proc_root, host_pid_namespace=host_pid_namespace)
+
+    def observe(pid: int, env_var_names: Sequence[str]) -> dict[str, AttrValue]:
+        reader = ProcfsReader(
+            proc_root,
+            host_pid_namespace=base.in_host_pid_namespace,  # detected (and logged) once
+            resolve_user_names=False,
+            include_env_vars=env_var_names,
+        )
+        return profiler_resource(pid, reader.read(pid))
+
+    return observe

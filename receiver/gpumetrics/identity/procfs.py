@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpumetrics.identity.cgroup import container_id, main_cgroup_path
+from gpumetrics.identity.utf8 import to_valid_utf8
 
 log = logging.getLogger(__name__)
 
@@ -226,10 +227,15 @@ class ProcfsReader:
         return data.decode("utf-8", "replace").strip() or None
 
     def exe_target(self, pid: int) -> str | None:
-        """Return the target of ``/proc/<pid>/exe`` as ``readlink`` gives it, or None (also "")."""
+        """Return the target of ``/proc/<pid>/exe`` as ``readlink`` gives it, or None (also "").
+
+        Bytes of the path that are not UTF-8 are replaced by
+        :func:`~gpumetrics.identity.utf8.to_valid_utf8` (an OTLP string must be UTF-8; the
+        profiles exporter applies the same rule to the profiler's path).
+        """
         path = self._path(pid, "exe")
-        target = None if path is None else _readlink(path)
-        return target or None
+        target = None if path is None else _readlink_bytes(path)
+        return to_valid_utf8(target)[0] if target else None
 
     def exe(self, pid: int) -> str | None:
         """Return the target of ``/proc/<pid>/exe`` without `` (deleted)``, or None."""
@@ -407,6 +413,13 @@ def _read_file(path: str) -> bytes | None:
 def _readlink(path: str) -> str | None:
     try:
         return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _readlink_bytes(path: str) -> bytes | None:
+    try:
+        return os.readlink(os.fsencode(path))
     except OSError:
         return None
 

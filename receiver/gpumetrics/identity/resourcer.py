@@ -18,10 +18,10 @@ Two modes (:class:`~gpumetrics.identity.modes.IdentityMode`, ``docs/identity.md`
 2. what the process says about itself: ``OTEL_RESOURCE_ATTRIBUTES``, then ``OTEL_SERVICE_NAME``
    (strict, :mod:`.envparse`), then its OTEP 4719 context resource (declared, else read from the
    ``OTEL_CTX`` mapping). Tiers 1–2 may not set an observed key
-   (:func:`~gpumetrics.identity.modes.is_observed_key`: ``host.*``, ``k8s.node.name``,
-   ``process.pid``, ``process.executable.*``, ``process.owner``, ``process.creation.time``,
-   ``container.id``, ``process.environment_variable.*``): such keys are removed, whatever the
-   sidecar itself knows;
+   (:func:`~gpumetrics.identity.modes.is_observed_key`: ``host.*``, ``k8s.*``,
+   ``container.*``, ``process.pid``, ``process.executable.*``, ``process.owner``,
+   ``process.creation.time``, ``process.environment_variable.*``): such keys are removed,
+   whatever the sidecar itself knows;
 3. what the sidecar observes or is configured with: ``k8s.node.name`` (in Kubernetes) and
    ``host.name``; the ``k8s.*`` a resolver's ``__meta_kubernetes_*`` labels imply;
    ``process.owner``; ``process.creation.time``; the profiler mode's undeclared resource;
@@ -34,10 +34,18 @@ Tier 2 is the eBPF profiler PR #1343's order (context over environment). A decla
 is empty falls back to our own read of the same thing (procfs ``environ``, the ``OTEL_CTX``
 mapping).
 
+Every resource, in both modes, is then cut to the resource limits (:mod:`.resource_limits`: the
+OpenTelemetry SDK's attribute value length and count limits, and a byte limit), since it is
+copied into every batch; what is cut is counted in ``gpumetrics.identity.attributes.limited``
+and logged once per reason.
+
 Results are cached per pid and reused while the live start time, the declaration object and the
 process context's publication timestamp are unchanged and the entry is younger than
 ``procfs_ttl_ns`` (``exec`` keeps pid and start time but changes ``comm``/``exe``); a cache hit
 costs one ``stat`` read (plus a 32-byte header read for undeclared processes in enriched mode).
+The cache holds at most ``cache_size`` processes and ``cache_max_bytes`` of resources (each
+entry charged its estimated memory, :func:`~gpumetrics.identity.footprint.deep_size`), least
+recently used first out.
 """
 
 from __future__ import annotations
@@ -57,19 +65,38 @@ from gpumetrics.identity.attrs import AttrValue
 from gpumetrics.identity.declaration import Declared
 from gpumetrics.identity.declared import DeclaredStore
 from gpumetrics.identity.envparse import SERVICE_NAME, env_resource
+from gpumetrics.identity.footprint import ALLOCATOR_FACTOR, deep_size
 from gpumetrics.identity.labels import labels_to_attributes, meta_to_attributes, process_labels
+from gpumetrics.identity.limits import DEFAULT_RESOURCE_CACHE_MAX_BYTES
 from gpumetrics.identity.modes import (
+    PROFILER_SCHEMA_URL,
     IdentityMode,
     check_profiler_mode_rules,
     is_observed_key,
     profiler_resource,
 )
 from gpumetrics.identity.processctx import ProcessContext, ProcessContextReader
-from gpumetrics.identity.procfs import ProcessInfo, ProcfsReader
+from gpumetrics.identity.procfs import ProcfsReader
 from gpumetrics.identity.relabel import relabel
 from gpumetrics.identity.relabel_config import RelabelConfig, parse_relabel_configs
+from gpumetrics.identity.resource_limits import ResourceLimits, limit_resource
+from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 
 log = logging.getLogger(__name__)
+
+NOT_UTF8_WARN_INTERVAL_NS = 60_000_000_000
+"""Least time between two WARNINGs about processes whose variables are not UTF-8 (monotonic
+ns); the processes in between are logged at DEBUG."""
+
+LIMITED = "gpumetrics.identity.attributes.limited"
+"""Self-telemetry counter of attributes truncated or discarded by the resource limits."""
+
+_LIMIT_SETTINGS = {
+    "value_length": ("truncated", "attribute_value_length_limit"),
+    "count": ("discarded", "attribute_count_limit"),
+    "max_bytes": ("discarded", "max_bytes"),
+    "unencodable": ("discarded (OTLP cannot encode its value)", ""),
+}
 
 
 class LabelResolver(Protocol):
@@ -101,6 +128,9 @@ class _Cached:
     ctx_ts: int | None
     computed_at_ns: int
     resource: dict[str, AttrValue] | None  # None: dropped by a relabel rule
+    size: int  # estimated memory (By), charged to the cache's byte budget
+    schema_url: str
+    not_utf8: bool  # a configured variable's value was not UTF-8 (counted and logged)
 
 
 class ProcessResourcer:
@@ -119,8 +149,12 @@ class ProcessResourcer:
         host_name: ``host.name``; defaults to ``node_name`` outside Kubernetes.
         procfs_ttl_ns: how long procfs-derived values are reused (monotonic ns).
         cache_size: processes cached (least recently used evicted).
+        cache_max_bytes: estimated memory (By) of the cached resources; beyond it the least
+            recently used are evicted.
         clock: monotonic ns clock.
         empty_service_name_is_set: see :func:`gpumetrics.identity.envparse.env_resource`.
+        limits: the bounds every resource is cut to (:class:`ResourceLimits`).
+        telemetry: counts ``gpumetrics.identity.attributes.limited{reason}``.
 
     Thread-safe; procfs is read outside the lock.
 
@@ -143,9 +177,12 @@ class ProcessResourcer:
         host_name: str | None = None,
         procfs_ttl_ns: int = 60_000_000_000,
         cache_size: int = 131072,
+        cache_max_bytes: int = DEFAULT_RESOURCE_CACHE_MAX_BYTES,
         clock: Callable[[], int] = time.monotonic_ns,
         empty_service_name_is_set: bool = False,
         mode: IdentityMode | str = IdentityMode.PROFILER,
+        limits: ResourceLimits | None = None,
+        telemetry: SelfTelemetry = NO_TELEMETRY,
     ) -> None:
         self._mode = IdentityMode(mode)
         if self._mode is IdentityMode.PROFILER:
@@ -160,6 +197,10 @@ class ProcessResourcer:
         self._host = host_name if host_name is not None else (None if in_kubernetes else node_name)
         self._ttl = procfs_ttl_ns
         self._cache_size = cache_size
+        self._cache_max_bytes = cache_max_bytes
+        self._cache_bytes = 0
+        self._limits = limits or ResourceLimits()
+        self._telemetry = telemetry
         self._clock = clock
         self._empty_sn = empty_service_name_is_set
         uname = os.uname()
@@ -171,6 +212,8 @@ class ProcessResourcer:
         self._cache: OrderedDict[int, _Cached] = OrderedDict()
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        self._not_utf8_warned_ns: int | None = None
+        self._not_utf8_suppressed = 0
         self._n = dict.fromkeys(
             (
                 "cache_hits",
@@ -179,6 +222,8 @@ class ProcessResourcer:
                 "env_discarded",
                 "env_var_not_utf8",
                 "resolver_errors",
+                "attributes_truncated",
+                "attributes_discarded",
             ),
             0,
         )
@@ -192,12 +237,14 @@ class ProcessResourcer:
         """Return the counters.
 
         ``cache_hits``, ``cache_misses``, ``dropped`` (by relabeling), ``env_discarded``
-        (malformed ``OTEL_*`` variables, enriched mode), ``env_var_not_utf8`` (a configured
-        variable left out because its value is not UTF-8), ``resolver_errors``, ``cached``
-        (processes).
+        (malformed ``OTEL_*`` variables, enriched mode), ``env_var_not_utf8`` (processes with a
+        configured variable whose value is not UTF-8, counted once per process: its invalid
+        bytes are replaced, :mod:`gpumetrics.identity.utf8`), ``resolver_errors``,
+        ``attributes_truncated`` / ``attributes_discarded`` (by the resource limits, each time a
+        resource was built), ``cached`` (processes), ``cached_bytes`` (their estimated memory).
         """
         with self._lock:
-            return {**self._n, "cached": len(self._cache)}
+            return {**self._n, "cached": len(self._cache), "cached_bytes": self._cache_bytes}
 
     def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
         """Add the resource attributes of ``pid`` to ``attrs``.
@@ -214,6 +261,20 @@ class ProcessResourcer:
             return False
         attrs.update(resource)
         return True
+
+    def schema_url(self, pid: int) -> str:
+        """Return the schema URL of the resource last built for ``pid`` ("" when none).
+
+        Profiler mode: a declaration's ``profiler_resource_schema_url`` (verbatim, "" when it
+        declared none) when it declared a ``profiler_resource``, else
+        :data:`~gpumetrics.identity.modes.PROFILER_SCHEMA_URL` (the eBPF profiler's, so it does
+        not change when the profiler declares the process). Enriched mode: "" (its attributes
+        come from several sources, under no one schema). Reads no procfs: call it after
+        :meth:`put_resource` for the same pid.
+        """
+        with self._lock:
+            hit = self._cache.get(pid)
+            return hit.schema_url if hit is not None else ""
 
     def resource(self, pid: int) -> dict[str, AttrValue] | None:
         """Return a copy of the resource attributes of ``pid``, or None when dropped."""
@@ -244,15 +305,70 @@ class ProcessResourcer:
                     self._n["dropped"] += 1
                 return hit.resource
             self._n["cache_misses"] += 1
-        resource = self._compute(pid, live, start, declared, ctx)
+        not_utf8: list[str] = []
+        resource = self._compute(pid, live, start, declared, ctx, not_utf8)
+        schema_url = self._schema_url(declared)
+        size = 0
+        if resource is not None:
+            resource = self._limit(pid, resource)
+            size = int(deep_size(resource) * ALLOCATOR_FACTOR)
         with self._lock:
             if resource is None:
                 self._n["dropped"] += 1
-            self._cache[pid] = _Cached(start, declared, ctx_ts, now, resource)
-            self._cache.move_to_end(pid)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            old = self._cache.pop(pid, None)
+            if old is not None:
+                self._cache_bytes -= old.size
+            # once per process: a recomputation for the same process was counted already
+            first = bool(not_utf8) and not (old is not None and old.start == start and old.not_utf8)
+            if first:
+                self._n["env_var_not_utf8"] += 1
+            self._cache[pid] = _Cached(
+                start, declared, ctx_ts, now, resource, size, schema_url, bool(not_utf8)
+            )
+            self._cache_bytes += size
+            while len(self._cache) > 1 and (
+                len(self._cache) > self._cache_size or self._cache_bytes > self._cache_max_bytes
+            ):
+                self._cache_bytes -= self._cache.popitem(last=False)[1].size
+        if first:
+            self._warn_not_utf8(pid, not_utf8, now)
         return resource
+
+    def _schema_url(self, declared: Declared | None) -> str:
+        if self._mode is IdentityMode.ENRICHED:
+            return ""
+        if declared is not None and declared.profiler_attributes:
+            return declared.schema_url
+        return PROFILER_SCHEMA_URL
+
+    def _limit(self, pid: int, resource: dict[str, AttrValue]) -> dict[str, AttrValue]:
+        """``resource`` cut to the resource limits; what was cut counted and logged once."""
+        limited = limit_resource(resource, self._limits)
+        if not limited.cut:
+            return resource
+        by_reason: dict[str, int] = {}
+        for _, reason in limited.cut:
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+        with self._lock:
+            truncated = by_reason.get("value_length", 0)
+            self._n["attributes_truncated"] += truncated
+            self._n["attributes_discarded"] += len(limited.cut) - truncated
+        for reason, n in by_reason.items():
+            self._telemetry.add(LIMITED, n, {"reason": reason})
+            key = next(k for k, r in limited.cut if r == reason)
+            what, setting = _LIMIT_SETTINGS[reason]
+            where = f" (identity.resource_limits.{setting})" if setting else ""
+            self._warn_once(
+                f"limit:{reason}",
+                "pid %d: %d resource attribute(s) %s%s, first %r; counted in %s, logged once",
+                pid,
+                n,
+                what,
+                where,
+                key[:80],
+                LIMITED,
+            )
+        return limited.attributes
 
     def _read_context(
         self, pid: int, live: int | None, declared: Declared | None
@@ -268,6 +384,31 @@ class ProcessResourcer:
             first = kind not in self._warned
             self._warned.add(kind)
         log.log(logging.WARNING if first else logging.DEBUG, message, *args)
+
+    def _warn_not_utf8(self, pid: int, names: list[str], now: int) -> None:
+        """Log a process whose variables are not UTF-8.
+
+        At WARNING at most once per :data:`NOT_UTF8_WARN_INTERVAL_NS` (naming how many were
+        logged at DEBUG meanwhile), else at DEBUG.
+        """
+        with self._lock:
+            last = self._not_utf8_warned_ns
+            warn = last is None or now - last >= NOT_UTF8_WARN_INTERVAL_NS
+            if warn:
+                self._not_utf8_warned_ns, suppressed = now, self._not_utf8_suppressed
+                self._not_utf8_suppressed = 0
+            else:
+                self._not_utf8_suppressed += 1
+        message = (
+            "pid %d: %s not UTF-8; each run of invalid bytes is replaced by U+FFFD on the "
+            "resource, as the profiles exporter declares it (docs/identity.md)"
+        )
+        names_text = ", ".join(sorted(names)) + (" is" if len(names) == 1 else " are")
+        if warn:
+            more = f" ({suppressed} more process(es) since the last warning)" if suppressed else ""
+            log.warning(message + more, pid, names_text)
+        else:
+            log.debug(message, pid, names_text)
 
     def _resolver_labels(self, pid: int) -> Mapping[str, str]:
         if self._resolver is None:
@@ -287,6 +428,7 @@ class ProcessResourcer:
         start: int | None,
         declared: Declared | None,
         ctx: ProcessContext | None,
+        not_utf8: list[str],
     ) -> dict[str, AttrValue] | None:
         profiler = declared.profiler_attributes if declared is not None else {}
         enriched = self._mode is IdentityMode.ENRICHED
@@ -323,7 +465,7 @@ class ProcessResourcer:
                 # the profile's resource, attribute for attribute; process.pid is the key the
                 # producer always sets to the int pid (the eBPF profiler's own value)
                 return {**profiler, "process.pid": pid}
-            return self._own(pid, info)
+            return profiler_resource(pid, info, not_utf8)
 
         env = env_resource(environ, empty_service_name_is_set=self._empty_sn)
         if env.errors:
@@ -349,7 +491,7 @@ class ProcessResourcer:
             created = self._procfs.creation_time_ns(start)
             if created is not None:
                 res["process.creation.time"] = iso8601_ns(created)
-        res.update(self._own(pid, info))
+        res.update(profiler_resource(pid, info, not_utf8))
         res.update(profiler)
         res["process.pid"] = pid
         if SERVICE_NAME not in res:
@@ -358,18 +500,6 @@ class ProcessResourcer:
                 res[SERVICE_NAME] = info.comm
             elif isinstance(exe_name, str) and exe_name:
                 res[SERVICE_NAME] = exe_name
-        return res
-
-    def _own(self, pid: int, info: ProcessInfo | None) -> dict[str, AttrValue]:
-        invalid: list[str] = []
-        res = profiler_resource(pid, info, invalid)
-        if invalid:
-            with self._lock:
-                self._n["env_var_not_utf8"] += len(invalid)
-            for name in invalid:
-                self._warn_once(
-                    f"env_var:{name}", "pid %d: %s is not UTF-8; left off the resource", pid, name
-                )
         return res
 
 

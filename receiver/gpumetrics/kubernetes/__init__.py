@@ -3,9 +3,11 @@
 Modules: :mod:`.settings` (the ``kubernetes`` configuration section), :mod:`.client` (the
 pod-resources v1 client over the kubelet's unix socket; messages in :mod:`.podresources.v1`,
 generated from ``proto/gpumetrics/kubernetes/podresources/v1/podresources.proto``),
-:mod:`.allocations` (device ids → holders, and the attribute rule; pure) and
-:mod:`.attribution` (:class:`PodAttribution`: the refresher thread and the snapshot the
-collector reads).
+:mod:`.allocations` (device ids → holders, and the attribute rule; pure), :mod:`.dra` (DRA
+claim devices → GPU UUIDs through ResourceSlices; pure), :mod:`.apiserver` (the optional read of
+this node's ResourceSlices), :mod:`.emission` (when ``nvidia.gpu.k8s.allocation`` is recorded),
+:mod:`.reporting` (what is counted and logged, once per change) and :mod:`.attribution`
+(:class:`PodAttribution`: the refresher thread and the snapshot the collector reads).
 """
 
 from importlib import import_module
@@ -23,6 +25,7 @@ _EXPORTS = {
     "Failure": "client",
     "PodResourcesClient": "client",
     "PodResourcesError": "client",
+    "DRASettings": "settings",
     "GPUIdType": "settings",
     "KubernetesSettings": "settings",
 }
@@ -41,6 +44,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "EMPTY",
     "Allocations",
+    "DRASettings",
     "Failure",
     "GPUIdType",
     "Grant",

@@ -9,10 +9,24 @@ GPUs NVML sees and applies the attribute rule.
 (:class:`~gpumetrics.kubernetes.settings.GPUIdType`):
 
 * the NVIDIA device plugin: the NVML UUID, ``GPU-…`` or ``MIG-…``; time-sliced and MPS shares
-  append ``::<replica>`` (``GPU-…::3``), which is removed to find the GPU;
+  append ``::<replica>`` (``GPU-…::3``), which is removed to find the GPU. Older device plugins
+  and drivers (R450/R460, where MIG devices had no UUID of their own) name a MIG device
+  ``MIG-GPU-<gpu uuid>/<gpu instance>/<compute instance>``: that is its parent GPU and the
+  (GPU instance, compute instance) pair, matched to the MIG device NVML reports there;
 * GKE's device plugin: ``nvidia<minor>`` (the GPU whose ``nvmlDeviceGetMinorNumber`` is
   ``<minor>``), ``nvidia<minor>/gi<id>`` (its MIG GPU instance ``<id>``), with ``/vgpu<n>``
   appended for shares.
+
+Devices allocated through DRA claims (``dynamic_resources``, :mod:`.dra`) are GPUs when their
+driver is one of ``kubernetes.dra.drivers``; a ResourceSlice index (triple → UUID) makes each
+one a grant of the GPU with that UUID, under the driver's name as ``resource_name``. Without
+one, or when no slice names the device, they are counted as unattributed, never guessed.
+
+**Stale allocations.** A device plugin hands each of its device ids to one container at a time,
+so an id the answer lists for two containers means the kubelet still reports the allocation of
+a pod that has ended (``Succeeded``/``Failed``, kubernetes/kubernetes#119423) beside the one that
+reuses the device. Both stay holders (the API cannot tell which one ended); the id is reported
+in :attr:`Allocations.stale` so that it is logged.
 
 **The attribute rule** (:func:`device_attributes`). Device points of a GPU carry the holder's
 ``k8s.namespace.name``, ``k8s.pod.name`` and ``k8s.container.name`` (semantic conventions
@@ -33,6 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumetrics.kubernetes.dra import Claim, ClaimDevice, SliceIndex, claim_devices
 from gpumetrics.kubernetes.settings import GPUIdType, KubernetesSettings
 from gpumetrics.metrics import names
 from gpumetrics.metrics.attribution import DeviceAnnotation
@@ -40,8 +55,10 @@ from gpumetrics.metrics.buffer import Attributes
 from gpumetrics.metrics.gpu import GPU
 
 DeviceKey = tuple[Any, ...]
-"""``("uuid", "GPU-…")``, ``("minor", 0)`` or ``("gi", minor, gpu_instance_id)``."""
+"""``("uuid", "GPU-…")``, ``("minor", 0)``, ``("gi", minor, gpu_instance_id)`` or
+``("mig", "GPU-…", gpu_instance_id, compute_instance_id)``."""
 
+_LEGACY_MIG = re.compile(r"MIG-(GPU-[0-9A-Za-z][0-9A-Za-z-]{0,99})/([0-9]{1,2})/([0-9]{1,2})\Z")
 _UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]{0,99}\Z")
 _REPLICA = re.compile(r"::[0-9]{1,9}\Z")
 _DEVICE_NAME = re.compile(r"nvidia([0-9]{1,3})(?:/gi([0-9]{1,2}))?(?:/vgpu[0-9]{1,9})?\Z")
@@ -61,12 +78,17 @@ def parse_device_id(device_id: str, id_type: GPUIdType) -> DeviceKey | None:
         ('uuid', 'GPU-8a1b')
         >>> parse_device_id("nvidia1/gi3/vgpu0", GPUIdType.AUTO)
         ('gi', 1, 3)
+        >>> parse_device_id("MIG-GPU-8a1b/3/0", GPUIdType.AUTO)
+        ('mig', 'GPU-8a1b', 3, 0)
         >>> parse_device_id("nvidia1", GPUIdType.UUID) is None
         True
 
     """
     if id_type is not GPUIdType.DEVICE_NAME:
         base = _REPLICA.sub("", device_id)
+        legacy = _LEGACY_MIG.match(base)
+        if legacy is not None:
+            return ("mig", legacy.group(1), int(legacy.group(2)), int(legacy.group(3)))
         if _UUID.match(base):
             return ("uuid", base)
     if id_type is not GPUIdType.UUID:
@@ -83,6 +105,8 @@ def device_id(key: DeviceKey) -> str:
         return str(key[1])
     if key[0] == "minor":
         return f"nvidia{key[1]}"
+    if key[0] == "mig":
+        return f"MIG-{key[1]}/{key[2]}/{key[3]}"
     return f"nvidia{key[1]}/gi{key[2]}"
 
 
@@ -164,9 +188,11 @@ def _keys(gpu: GPU, by_uuid: Mapping[str, GPU]) -> list[DeviceKey]:
             keys.append(("minor", gpu.minor_number))
     else:
         parent = by_uuid.get(gpu.parent_uuid)
-        gi = gpu.gpu_instance_id
+        gi, ci = gpu.gpu_instance_id, gpu.compute_instance_id
         if parent is not None and parent.minor_number is not None and gi is not None:
             keys.append(("gi", parent.minor_number, gi))
+        if gi is not None and ci is not None:
+            keys.append(("mig", gpu.parent_uuid, gi, ci))
     return keys
 
 
@@ -196,7 +222,12 @@ class Allocations:
         allocatable: device keys the kubelet can allocate, or None when unknown.
         unrecognised: GPU-resource device ids of an unknown format, or of a holder whose names
             are not Kubernetes names.
-        over_limit: device ids left out past ``kubernetes.max_device_ids``.
+        over_limit: device ids (and DRA claim devices) left out past
+            ``kubernetes.max_device_ids``.
+        stale: device-plugin ids the answer lists for more than one container, with those
+            containers, sorted (see the module docstring).
+        dra_unattributed: DRA claim devices of a GPU driver that no ResourceSlice maps to a
+            GPU (slices not read, or none names the device with a ``uuid``).
 
     """
 
@@ -204,6 +235,8 @@ class Allocations:
     allocatable: frozenset[DeviceKey] | None = None
     unrecognised: int = 0
     over_limit: int = 0
+    stale: tuple[tuple[str, tuple[Holder, ...]], ...] = ()
+    dra_unattributed: frozenset[tuple[Claim, ClaimDevice]] = frozenset()
 
     @property
     def held_ids(self) -> int:
@@ -257,21 +290,30 @@ def _is_gpu_resource(name: str, settings: KubernetesSettings) -> bool:
 
 
 def build_allocations(
-    listing: Any, allocatable: Any | None, settings: KubernetesSettings
+    listing: Any,
+    allocatable: Any | None,
+    settings: KubernetesSettings,
+    slices: SliceIndex | None = None,
 ) -> Allocations:
     """Build :class:`Allocations` from a ``ListPodResourcesResponse``.
 
     Args:
-        listing: the ``List`` answer (``pod_resources`` → ``containers`` → ``devices``).
+        listing: the ``List`` answer (``pod_resources`` → ``containers`` → ``devices`` and
+            ``dynamic_resources``).
         allocatable: the ``GetAllocatableResources`` answer, or None when not available.
-        settings: id formats, resource name prefixes and ``max_device_ids``.
+        settings: id formats, resource name prefixes, DRA drivers and ``max_device_ids``.
+        slices: DRA claim device → GPU UUID (:func:`~.dra.index_resource_slices`), or None when
+            ResourceSlices are not read.
 
     Returns:
-        The grants of every GPU device id, at most ``max_device_ids`` of them (answer order).
+        The grants of every GPU device id and DRA claim device, at most ``max_device_ids`` of
+        them (answer order).
 
     """
     limit = settings.max_device_ids
     grants: dict[DeviceKey, list[Grant]] = {}
+    owners: dict[tuple[str, str], list[Holder]] = {}  # (resource, device id) → its holders
+    unattributed: set[tuple[Claim, ClaimDevice]] = set()
     taken = unrecognised = over = 0
     for pod in listing.pod_resources:
         for container in pod.containers:
@@ -289,6 +331,24 @@ def build_allocations(
                     else:
                         taken += 1
                         grants.setdefault(key, []).append(Grant(holder, devices.resource_name))
+                        owners.setdefault((devices.resource_name, device_id), []).append(holder)
+            for claim, device in claim_devices(container, settings.dra.drivers):
+                if holder is None:
+                    unrecognised += 1
+                elif taken >= limit:
+                    over += 1
+                else:
+                    taken += 1
+                    uuid = slices.get(device) if slices is not None else None
+                    if uuid is None:
+                        unattributed.add((claim, device))
+                    else:
+                        grants.setdefault(("uuid", uuid), []).append(Grant(holder, device.driver))
+    stale = tuple(
+        (device_id, tuple(sorted(set(holders))))
+        for (_, device_id), holders in sorted(owners.items())
+        if len(set(holders)) > 1
+    )
     keys: frozenset[DeviceKey] | None = None
     if allocatable is not None:
         found: set[DeviceKey] = set()
@@ -300,4 +360,23 @@ def build_allocations(
                 if key is not None and len(found) < limit:
                     found.add(key)
         keys = frozenset(found)
-    return Allocations({k: _merge(v) for k, v in grants.items()}, keys, unrecognised, over)
+    return Allocations(
+        {k: _merge(v) for k, v in grants.items()},
+        keys,
+        unrecognised,
+        over,
+        stale,
+        frozenset(unattributed),
+    )
+
+
+def listed_claim_devices(listing: Any, settings: KubernetesSettings) -> frozenset[ClaimDevice]:
+    """Every DRA claim device of a GPU driver in a ``List`` answer (at most ``max_device_ids``)."""
+    found: set[ClaimDevice] = set()
+    for pod in listing.pod_resources:
+        for container in pod.containers:
+            for _, device in claim_devices(container, settings.dra.drivers):
+                if len(found) >= settings.max_device_ids:
+                    return frozenset(found)
+                found.add(device)
+    return frozenset(found)

@@ -18,6 +18,17 @@ a diagnosis: GPU ids the kubelet offers that match no GPU NVML sees are logged o
 
 Memory is bounded: an answer is refused above ``max_response_bytes``, at most ``max_device_ids``
 device ids are kept, and the per-cycle annotation is cached for the last set of GPUs only.
+
+``nvidia.gpu.k8s.allocation`` is recorded when the allocations change and every
+``allocation_interval_s`` otherwise, at most ``max_allocation_points`` at once
+(:mod:`.emission`). GPUs allocated through DRA claims are mapped to GPUs through this node's
+ResourceSlices when ``kubernetes.dra.resource_slices`` is on (:mod:`.apiserver`, read on the
+refresher thread too), else counted and logged as unattributed.
+
+Every condition is logged once when it appears or changes and once (INFO) when it ends, never
+at every refresh: device ids past ``max_device_ids``, allocation points cut, device ids the
+kubelet lists for two containers (a stale allocation of an ended pod), unattributed DRA claims,
+and, once per socket file, a pod-resources socket any local user may connect to (world-writable).
 """
 
 from __future__ import annotations
@@ -31,12 +42,14 @@ from typing import Protocol
 from gpumetrics.kubernetes.allocations import (
     EMPTY,
     Allocations,
-    DeviceKey,
     Match,
     build_allocations,
-    device_id,
+    listed_claim_devices,
 )
+from gpumetrics.kubernetes.apiserver import ResourceSliceReader, SliceCache, SliceSource
 from gpumetrics.kubernetes.client import Failure, PodResourcesClient, PodResourcesError
+from gpumetrics.kubernetes.emission import AllocationEmitter
+from gpumetrics.kubernetes.reporting import AttributionReport
 from gpumetrics.kubernetes.settings import KubernetesSettings
 from gpumetrics.metrics.attribution import DeviceAnnotation
 from gpumetrics.metrics.gpu import GPU
@@ -45,7 +58,6 @@ from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 __all__ = ["PodAttribution", "PodResourcesSource"]
 
 REFRESHES = "gpumetrics.kubernetes.refreshes"
-DEVICE_IDS = "gpumetrics.kubernetes.device_ids"
 
 
 class PodResourcesSource(Protocol):
@@ -70,8 +82,11 @@ class PodAttribution:
         settings: the ``kubernetes`` settings.
         telemetry: where refreshes and device ids are counted.
         client: the pod-resources client (default: one on ``settings.pod_resources_socket``).
-        clock: monotonic seconds (staleness; injectable for tests).
+        clock: monotonic seconds (staleness, the allocation cadence; injectable for tests).
         log: logger (default ``gpumetrics.kubernetes``).
+        node_name: this node's name (``identity.node_name``): which ResourceSlices are read.
+        slices: the ResourceSlice reader (default: one from ``settings.dra`` when
+            ``resource_slices`` is on, else none).
 
     Thread-safety: :meth:`refresh` runs on the refresher thread (or a test's); :meth:`annotate`
     on the collector's thread; they share only an immutable snapshot, swapped under a lock.
@@ -85,6 +100,8 @@ class PodAttribution:
         client: PodResourcesSource | None = None,
         clock: Callable[[], float] = time.monotonic,
         log: logging.Logger | None = None,
+        node_name: str = "",
+        slices: SliceSource | None = None,
     ) -> None:
         self._settings = settings
         self._telemetry = telemetry
@@ -103,10 +120,15 @@ class PodAttribution:
         self._ask_allocatable = True
         self._allocatable_answer: object | None = None
         self._memo: tuple[Allocations, tuple[GPU, ...], Match] | None = None
-        self._reported: tuple[frozenset[DeviceKey], frozenset[DeviceKey] | None] = (
-            frozenset(),
-            None,
+        self._emitter = AllocationEmitter(
+            settings.allocation_interval_s, settings.max_allocation_points, clock
         )
+        if slices is None and settings.dra.resource_slices:
+            slices = ResourceSliceReader(
+                settings.dra, node_name, settings.timeout_s, settings.max_response_bytes
+            )
+        self._slices = SliceCache(slices, settings, telemetry, self._log, clock)
+        self._report = AttributionReport(settings, telemetry, self._log, lambda: self._slices.state)
         self._stop = threading.Event()
         self._first = threading.Event()
         self._thread: threading.Thread | None = None
@@ -130,45 +152,21 @@ class PodAttribution:
         return current
 
     def annotate(self, gpus: Sequence[GPU]) -> Mapping[str, DeviceAnnotation]:
-        """Annotate ``gpus`` from the current snapshot (memory only; see the module docstring)."""
+        """Annotate ``gpus`` from the current snapshot (memory only; see the module docstring).
+
+        The annotations carry their ``nvidia.gpu.k8s.allocation`` points only in the cycles the
+        :class:`~.emission.AllocationEmitter` says are due (a change, or the cadence).
+        """
         current = self.snapshot()
         key = tuple(gpus)
         memo = self._memo
-        if memo is not None and memo[0] is current and memo[1] == key:
-            return memo[2].annotations
-        match = current.annotate(key)
-        self._memo = (current, key, match)
-        self._report(current, match)
-        return match.annotations
-
-    def _report(self, current: Allocations, match: Match) -> None:
-        unmatched = sum(g.ids for k in match.unmatched for g in current.grants[k])
-        self._telemetry.replace(
-            DEVICE_IDS,
-            {
-                (("state", "matched"),): current.held_ids - unmatched,
-                (("state", "unmatched"),): unmatched,
-                (("state", "unrecognised"),): current.unrecognised,
-                (("state", "over_limit"),): current.over_limit,
-            },
-        )
-        reported = (frozenset(match.unmatched), match.unmatched_allocatable)
-        if reported == self._reported:
-            return
-        self._reported = reported
-        if match.unmatched:
-            self._log.warning(
-                "pod attribution: the kubelet allocated GPU device ids that match no GPU NVML "
-                "sees (%s); check kubernetes.gpu_id_type and that the sidecar sees every GPU "
-                "(NVIDIA_VISIBLE_DEVICES=all)",
-                _show(match.unmatched),
-            )
-        if match.unmatched_allocatable:
-            self._log.warning(
-                "pod attribution: the kubelet can allocate GPU device ids that match no GPU "
-                "NVML sees (%s); their pods will not be attributed",
-                _show(match.unmatched_allocatable),
-            )
+        if memo is None or memo[0] is not current or memo[1] != key:
+            match = current.annotate(key)
+            memo = self._memo = (current, key, match)
+            self._report.allocations(current, match)
+        emission = self._emitter.pick(memo[2].annotations, [g.uuid for g in key])
+        self._report.emission(emission)
+        return emission.annotations
 
     # --- refreshing -------------------------------------------------------------------
     def refresh(self) -> bool:
@@ -176,7 +174,8 @@ class PodAttribution:
         try:
             listing = self._client.list()
             allocatable = self._read_allocatable()
-            fresh = build_allocations(listing, allocatable, self._settings)
+            slices = self._slices.current(listed_claim_devices(listing, self._settings))
+            fresh = build_allocations(listing, allocatable, self._settings, slices)
         except PodResourcesError as err:
             self._failed(err)
             return False
@@ -195,12 +194,7 @@ class PodAttribution:
                 fresh.held_ids,
                 len({g.holder for gs in fresh.grants.values() for g in gs}),
             )
-        if fresh.over_limit:
-            self._log.warning(
-                "pod attribution: %d device id(s) past kubernetes.max_device_ids (%d) ignored",
-                fresh.over_limit,
-                self._settings.max_device_ids,
-            )
+        self._report.refreshed(fresh, self._client.socket_path)
         self._failure = None
         self._warned.clear()
         self._seen_ok = True
@@ -274,10 +268,3 @@ class PodAttribution:
             thread.join(timeout_s)
         self._client.close()
         return thread is None or not thread.is_alive()
-
-
-def _show(keys: frozenset[DeviceKey] | None, limit: int = 8) -> str:
-    """Device keys as the device plugin spells them (``GPU-…``, ``nvidia3``, ``nvidia3/gi1``)."""
-    shown = sorted(device_id(k) for k in keys or ())
-    more = len(shown) - limit
-    return ", ".join(shown[:limit]) + (f", and {more} more" if more > 0 else "")

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import enum
 import errno
+import os
 import socket
+import stat
+import time
 from typing import Any
 
 import grpc
@@ -53,6 +56,89 @@ _PERMISSION_HINT = (
     "give it the socket's group"
 )
 
+_DEADLINE_SHARE = 0.9
+"""A call CANCELLED after this share of its deadline is classified as deadline exceeded."""
+
+CAP_DAC_OVERRIDE = 1
+"""Capability bits (``linux/capability.h``): DAC_OVERRIDE bypasses file permission checks."""
+CAP_DAC_READ_SEARCH = 2
+"""DAC_READ_SEARCH bypasses read and directory-search permission checks."""
+
+
+def effective_capabilities(status_path: str = "/proc/self/status") -> int | None:
+    """Return the effective capability bits (``CapEff`` of ``/proc/self/status``), or None."""
+    try:
+        with open(status_path, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def permission_hint(path: str, euid: int | None = None, caps: int | None = -1) -> str:
+    """Say why connecting to the socket ``path`` was refused and what to change.
+
+    A process that is not uid 0 is told to run as uid 0 or get the socket's group. A process
+    that already is uid 0 (the chart's choice, every capability dropped) is told what it lacks
+    instead: the socket's mode and owner decide (connecting needs write permission on it), and
+    the capabilities that would bypass them (``CAP_DAC_OVERRIDE``; ``CAP_DAC_READ_SEARCH`` for a
+    directory on the path). Refused with ``CAP_DAC_OVERRIDE``, it is a security module's doing.
+
+    Args:
+        path: the socket's path.
+        euid: the effective uid (default: this process's).
+        caps: the effective capability bits (default: read from ``/proc/self/status``).
+
+    """
+    euid = os.geteuid() if euid is None else euid
+    try:
+        st: os.stat_result | None = os.stat(path)
+    except OSError:
+        st = None
+    mode = (
+        f"mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid} gid {st.st_gid}" if st else ""
+    )
+    if euid != 0:
+        return _PERMISSION_HINT + (f" (the socket: {mode}; this process: uid {euid})" if st else "")
+    caps = effective_capabilities() if caps == -1 else caps
+    override = caps is not None and bool(caps >> CAP_DAC_OVERRIDE & 1)
+    search = caps is not None and bool(caps >> CAP_DAC_READ_SEARCH & 1)
+    lsm = (
+        "a security module: with SELinux the container's type must be allowed to connect to "
+        "the kubelet's socket (e.g. spc_t, or a policy for it), with AppArmor the profile must "
+        "allow it"
+    )
+    if override:
+        return f"the sidecar runs as uid 0 with CAP_DAC_OVERRIDE, so the refusal comes from {lsm}"
+    if st is None:
+        return (
+            "the sidecar runs as uid 0 but a directory on the way to the socket denies it search "
+            "permission (x) and it lacks CAP_DAC_READ_SEARCH"
+            + ("" if search else " and CAP_DAC_OVERRIDE")
+            + ": fix the directory's mode, or add the capability to the container"
+        )
+    if st.st_uid != 0:
+        return (
+            f"the sidecar runs as uid 0 but the socket ({mode}) is not uid 0's (in a user "
+            "namespace, hostUsers: false, the host's root shows as the overflow uid 65534) and "
+            "this process lacks CAP_DAC_OVERRIDE: give the sidecar the socket's group "
+            f"(supplementalGroups: [{st.st_gid}]) if its mode lets the group write, or add "
+            "CAP_DAC_OVERRIDE"
+        )
+    if not st.st_mode & stat.S_IWUSR:
+        return (
+            f"the sidecar runs as uid 0, the socket's owner, but its {mode} gives the owner no "
+            "write permission, which connecting needs, and this process lacks CAP_DAC_OVERRIDE: "
+            "add CAP_DAC_OVERRIDE, or find what changed the socket's mode"
+        )
+    return (
+        f"the sidecar runs as uid 0 and the socket ({mode}) lets uid 0 connect, so the refusal "
+        "comes from a directory on the way that uid 0 may not search without "
+        f"CAP_DAC_READ_SEARCH, or from {lsm}"
+    )
+
 
 def probe_socket(path: str) -> PodResourcesError | None:
     """Connect to the unix socket ``path`` once; return the failure it shows, or None.
@@ -72,7 +158,7 @@ def probe_socket(path: str) -> PodResourcesError | None:
             )
         if code in (errno.EACCES, errno.EPERM):
             return PodResourcesError(
-                Failure.PERMISSION_DENIED, f"{path}: permission denied: {_PERMISSION_HINT}"
+                Failure.PERMISSION_DENIED, f"{path}: permission denied: {permission_hint(path)}"
             )
         return PodResourcesError(
             Failure.UNAVAILABLE,
@@ -147,6 +233,7 @@ class PodResourcesClient:
 
     def _call(self, method: str, request: object) -> Any:
         stub = self._lister()
+        began = time.monotonic()
         try:
             return getattr(stub, method)(request, timeout=self._timeout_s)
         except grpc.RpcError as err:
@@ -154,12 +241,17 @@ class PodResourcesClient:
             # dialling again; the next refresh gets a fresh one, so a restarted kubelet is seen
             # at once.
             self.close()
-            raise self._classify(method, err) from None
+            raise self._classify(method, err, time.monotonic() - began) from None
 
-    def _classify(self, method: str, err: grpc.RpcError) -> PodResourcesError:
+    def _classify(self, method: str, err: grpc.RpcError, took_s: float) -> PodResourcesError:
         code = err.code() if hasattr(err, "code") else None
         details = (err.details() if hasattr(err, "details") else None) or ""
         where = f"{self.socket_path} {method}"
+        if code is grpc.StatusCode.CANCELLED and took_s >= _DEADLINE_SHARE * self._timeout_s:
+            # The kubelet (grpc-go) resets a stream whose deadline (the grpc-timeout we sent)
+            # has passed with RST_STREAM CANCEL; that can arrive just before our own deadline
+            # fires, and grpcio then reports CANCELLED: it is the deadline all the same.
+            code = grpc.StatusCode.DEADLINE_EXCEEDED
         if code is grpc.StatusCode.UNAVAILABLE:
             found = probe_socket(self.socket_path)
             if found is not None:

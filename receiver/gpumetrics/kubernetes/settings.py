@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from gpumetrics.settingsbase import SettingsModel
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 """Where the kubelet serves its pod-resources API (Kubernetes documentation, "Monitoring device
@@ -29,7 +31,56 @@ class GPUIdType(enum.StrEnum):
     DEVICE_NAME = "device-name"
 
 
-class KubernetesSettings(BaseModel):
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+"""Where the kubelet mounts a pod's service account token and the cluster's CA bundle."""
+
+
+class DRASettings(SettingsModel):
+    """GPUs allocated through Dynamic Resource Allocation claims (``kubernetes.dra``).
+
+    The kubelet names a claim's devices by DRA driver, pool and device name (``gpu.nvidia.com``,
+    ``<node>``, ``gpu-0``); which GPU that is, only the driver's ResourceSlices say (each
+    device's ``uuid`` attribute). Reading them is a call to the API server, off by default.
+
+    Attributes:
+        drivers: DRA drivers whose claim devices are GPUs (NVIDIA's DRA driver:
+            ``gpu.nvidia.com``; its ``compute-domain.nvidia.com`` devices are IMEX channels).
+        resource_slices: read this node's ResourceSlices from the API server (``list`` on
+            ``resourceslices``, group ``resource.k8s.io``; needs RBAC and the service account
+            token) to map claim devices to GPUs. Off: claim devices are counted and logged as
+            unattributed.
+        api_server: the API server's base URL; None = ``https://$KUBERNETES_SERVICE_HOST:
+            $KUBERNETES_SERVICE_PORT`` (in a pod).
+        token_file: the bearer token (read at every request: projected tokens rotate).
+        ca_file: the CA bundle the API server's certificate is checked against.
+        refresh_interval_s: seconds between reads of the ResourceSlices (s); a claim device no
+            slice names triggers a read sooner, at most once per ``kubernetes.refresh_interval_s``.
+
+    """
+
+    drivers: tuple[str, ...] = ("gpu.nvidia.com",)
+    resource_slices: bool = False
+    api_server: str | None = None
+    token_file: str = SERVICE_ACCOUNT_DIR + "/token"
+    ca_file: str = SERVICE_ACCOUNT_DIR + "/ca.crt"
+    refresh_interval_s: float = Field(default=300.0, gt=0, le=86400)
+
+    @field_validator("api_server")
+    @classmethod
+    def _https(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("https://"):
+            raise ValueError(f"must be an https:// URL, got {value!r}")
+        return value
+
+    @field_validator("drivers")
+    @classmethod
+    def _drivers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not d.strip() for d in value):
+            raise ValueError("driver names must not be empty")
+        return value
+
+
+class KubernetesSettings(SettingsModel):
     """GPU → pod attribution from the kubelet's pod-resources API (``kubernetes``).
 
     Attributes:
@@ -46,12 +97,20 @@ class KubernetesSettings(BaseModel):
         stale_after_s: an answer older than this (s) is no longer used: device points then carry
             no pod until the kubelet answers again (a GPU may have changed hands meanwhile).
         max_response_bytes: largest answer accepted (By); larger answers are refused.
-        max_device_ids: most GPU device ids kept from one answer; the rest are counted
+        max_device_ids: most GPU device ids (device-plugin ids and DRA claim devices) kept
+            from one answer; the rest are counted
             (``gpumetrics.kubernetes.device_ids{state=over_limit}``) and logged.
+        allocation_interval_s: ``nvidia.gpu.k8s.allocation`` (an info-style series) is recorded
+            when the allocations change and again every this many seconds (s) while they do
+            not, so that a series stays fresh in Prometheus (5 min lookback) and in the
+            Collector's Prometheus exporter (``metric_expiration``, 5 min) without a point per
+            holder per collection cycle; 0 = every cycle.
+        max_allocation_points: most ``nvidia.gpu.k8s.allocation`` points recorded at once;
+            beyond, the rest are cut (spread over the GPUs), counted
+            (``gpumetrics.kubernetes.allocation_points{outcome=cut}``) and logged.
+        dra: GPUs allocated through DRA claims (:class:`DRASettings`).
 
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     pod_attribution: bool | None = None
     pod_resources_socket: str = DEFAULT_SOCKET
@@ -62,6 +121,9 @@ class KubernetesSettings(BaseModel):
     stale_after_s: float = Field(default=60.0, gt=0, le=86400)
     max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1024, le=1 << 30)
     max_device_ids: int = Field(default=4096, ge=1, le=1 << 20)
+    allocation_interval_s: float = Field(default=60.0, ge=0, le=3600)
+    max_allocation_points: int = Field(default=1024, ge=1, le=1 << 20)
+    dra: DRASettings = Field(default_factory=DRASettings)
 
     @field_validator("pod_resources_socket")
     @classmethod

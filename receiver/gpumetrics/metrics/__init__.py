@@ -9,12 +9,13 @@ from gpumetrics.metrics.buffer import Attributes, MetricBuffer, Point, UnknownMe
 from gpumetrics.metrics.encode import EncodingError, count_points, encode_attributes, encode_metric
 from gpumetrics.metrics.gpu import GPU, CountNVIDIAGPUs
 from gpumetrics.metrics.names import *  # noqa: F403 - the seed's constants are the public API
-from gpumetrics.metrics.producer import ProcessResourcer, Producer
+from gpumetrics.metrics.producer import CollectionParts, ProcessResourcer, Producer
 from gpumetrics.metrics.spec import Catalogue, Instrument, MetricSpec, Scope, ValueType, catalogue
 
 __all__ = [
     "Attributes",
     "Catalogue",
+    "CollectionParts",
     "CountNVIDIAGPUs",
     "EncodingError",
     "GPU",

@@ -15,11 +15,14 @@
  *       keys in their original order (a merge sort); runs: (key, start, end) per distinct key,
  *       positions in that order.
  *   frame_resources(first, first_points, pids, resources, scope_head, scope_tail, metrics,
- *                   max_bytes) -> [(bytes, points)]
- *       One ResourceMetrics entry per pid (its resource, one ScopeMetrics holding one Metric
- *       per metric that has a run for it), packed in order into requests of at most
- *       max_bytes (a resource alone may exceed it), after `first` (the host's entry, given as
- *       the list of its pieces: written once, never joined first).
+ *                   budget) -> ([(bytes, points)], [(pid, points)])
+ *       One part per resource: `first` (the host's resource_metrics entry, given as the list
+ *       of its pieces: written once, never joined first), then one ResourceMetrics entry per
+ *       pid (its resource, one ScopeMetrics holding one Metric per metric that has a run for
+ *       it), each a serialized ExportMetricsServiceRequest of its own. With budget > 0 a
+ *       pid's part is written only when it fits what is left of budget bytes after the parts
+ *       before it (first fit, in pid order; `first` is always kept); the others are returned
+ *       as (pid, points), never written.
  *
  * Columns are any C-contiguous buffer with the item size and format named below (array('q'),
  * array('d'), array('I')); every 64-bit field is written little-endian, as the protobuf wire
@@ -283,10 +286,10 @@ static int run_at(Metric *m, Py_ssize_t i, long long *pid, Py_ssize_t *start, Py
 
 static PyObject *frame_resources(PyObject *self, PyObject *args) {
     PyObject *first, *pids, *resources, *scope_head, *scope_tail, *metrics;
-    Py_ssize_t first_points, max_bytes;
+    Py_ssize_t first_points, budget;
     if (!PyArg_ParseTuple(args, "OnO!O!SSO!n:frame_resources", &first, &first_points,
                           &PyList_Type, &pids, &PyList_Type, &resources, &scope_head, &scope_tail,
-                          &PyList_Type, &metrics, &max_bytes)) {
+                          &PyList_Type, &metrics, &budget)) {
         return NULL;
     }
     Py_ssize_t first_len = 0;
@@ -308,15 +311,15 @@ static PyObject *frame_resources(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "pids and resources of different lengths");
         return NULL;
     }
-    PyObject *out = PyList_New(0);
+    PyObject *out = PyList_New(0), *dropped = PyList_New(0);
     Metric *ms = PyMem_Calloc(nm ? (size_t)nm : 1, sizeof(Metric));
-    Match *match = PyMem_Calloc(np * nm ? (size_t)(np * nm) : 1, sizeof(Match));
+    Match *match = PyMem_Calloc(np * nm > 0 ? (size_t)(np * nm) : 1, sizeof(Match));
     Py_ssize_t *sizes = PyMem_Calloc(np ? (size_t)np : 1, sizeof(Py_ssize_t));
     long long *points = PyMem_Calloc(np ? (size_t)np : 1, sizeof(long long));
     Py_ssize_t *smsizes = PyMem_Calloc(np ? (size_t)np : 1, sizeof(Py_ssize_t));
-    if (out == NULL || ms == NULL || match == NULL || sizes == NULL || points == NULL ||
-        smsizes == NULL) {
-        if (out != NULL) PyErr_NoMemory();
+    if (out == NULL || dropped == NULL || ms == NULL || match == NULL || sizes == NULL ||
+        points == NULL || smsizes == NULL) {
+        if (out != NULL && dropped != NULL) PyErr_NoMemory();
         goto fail;
     }
     for (Py_ssize_t k = 0; k < nm; k++) {
@@ -373,68 +376,77 @@ static PyObject *frame_resources(PyObject *self, PyObject *args) {
         Py_ssize_t rm = PyBytes_GET_SIZE(res) + 1 + vlen((uint64_t)sm) + sm;
         sizes[p] = 1 + vlen((uint64_t)rm) + rm;
     }
-    Py_ssize_t p = 0, total;
-    int first_pending = first_len > 0;
-    while (first_pending || p < np) {  /* pass 2: requests of whole resources, written */
-        Py_ssize_t q = p;
-        long long pts = first_pending ? (long long)first_points : 0;
-        total = first_pending ? first_len : 0;
-        while (q < np && (total == 0 || total + sizes[q] <= max_bytes)) {
-            total += sizes[q];
-            pts += points[q];
-            q++;
-        }
-        PyObject *data = PyBytes_FromStringAndSize(NULL, total);
+    Py_ssize_t used = 0;
+    if (first_len > 0) {  /* the first part: its pieces written once, never joined first */
+        PyObject *data = PyBytes_FromStringAndSize(NULL, first_len);
         if (data == NULL) goto fail;
         char *o = PyBytes_AS_STRING(data);
-        if (first_pending) {
-            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(first); i++) {
-                PyObject *piece = PyList_GET_ITEM(first, i);
-                o = put_bytes(o, PyBytes_AS_STRING(piece), PyBytes_GET_SIZE(piece));
-            }
-            first_pending = 0;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(first); i++) {
+            PyObject *piece = PyList_GET_ITEM(first, i);
+            o = put_bytes(o, PyBytes_AS_STRING(piece), PyBytes_GET_SIZE(piece));
         }
-        for (; p < q; p++) {
-            PyObject *res = PyList_GET_ITEM(resources, p);
-            Py_ssize_t sm = smsizes[p];
-            Py_ssize_t rm = PyBytes_GET_SIZE(res) + 1 + vlen((uint64_t)sm) + sm;
-            *o++ = 0x0a;
-            o = put_varint(o, (uint64_t)rm);
-            o = put_bytes(o, PyBytes_AS_STRING(res), PyBytes_GET_SIZE(res));
-            *o++ = 0x12;
-            o = put_varint(o, (uint64_t)sm);
-            o = put_bytes(o, PyBytes_AS_STRING(scope_head), head_len);
-            for (Py_ssize_t k = 0; k < nm; k++) {
-                Match *mt = &match[p * nm + k];
-                if (mt->start < 0) continue;
-                Metric *m = &ms[k];
-                Py_ssize_t d = mt->end - mt->start;
-                Py_ssize_t msize =
-                    m->header_len + vlen((uint64_t)(d + m->trailer_len)) + d + m->trailer_len;
-                *o++ = 0x12;
-                o = put_varint(o, (uint64_t)msize);
-                o = put_bytes(o, m->header, m->header_len);
-                o = put_varint(o, (uint64_t)(d + m->trailer_len));
-                o = put_bytes(o, m->blob + mt->start, d);
-                o = put_bytes(o, m->trailer, m->trailer_len);
-            }
-            o = put_bytes(o, PyBytes_AS_STRING(scope_tail), tail_len);
-        }
-        PyObject *item = Py_BuildValue("(NL)", data, pts);
+        PyObject *item = Py_BuildValue("(Nn)", data, first_points);
         if (item == NULL || PyList_Append(out, item) < 0) {
             Py_XDECREF(item);
             goto fail;
         }
         Py_DECREF(item);
+        used = first_len;
+    }
+    for (Py_ssize_t p = 0; p < np; p++) {  /* pass 2: each resource that fits, written */
+        if (budget > 0 && used + sizes[p] > budget) {
+            PyObject *item = Py_BuildValue("(OL)", PyList_GET_ITEM(pids, p), points[p]);
+            if (item == NULL || PyList_Append(dropped, item) < 0) {
+                Py_XDECREF(item);
+                goto fail;
+            }
+            Py_DECREF(item);
+            continue;
+        }
+        PyObject *data = PyBytes_FromStringAndSize(NULL, sizes[p]);
+        if (data == NULL) goto fail;
+        char *o = PyBytes_AS_STRING(data);
+        PyObject *res = PyList_GET_ITEM(resources, p);
+        Py_ssize_t sm = smsizes[p];
+        Py_ssize_t rm = PyBytes_GET_SIZE(res) + 1 + vlen((uint64_t)sm) + sm;
+        *o++ = 0x0a;
+        o = put_varint(o, (uint64_t)rm);
+        o = put_bytes(o, PyBytes_AS_STRING(res), PyBytes_GET_SIZE(res));
+        *o++ = 0x12;
+        o = put_varint(o, (uint64_t)sm);
+        o = put_bytes(o, PyBytes_AS_STRING(scope_head), head_len);
+        for (Py_ssize_t k = 0; k < nm; k++) {
+            Match *mt = &match[p * nm + k];
+            if (mt->start < 0) continue;
+            Metric *m = &ms[k];
+            Py_ssize_t d = mt->end - mt->start;
+            Py_ssize_t msize =
+                m->header_len + vlen((uint64_t)(d + m->trailer_len)) + d + m->trailer_len;
+            *o++ = 0x12;
+            o = put_varint(o, (uint64_t)msize);
+            o = put_bytes(o, m->header, m->header_len);
+            o = put_varint(o, (uint64_t)(d + m->trailer_len));
+            o = put_bytes(o, m->blob + mt->start, d);
+            o = put_bytes(o, m->trailer, m->trailer_len);
+        }
+        o = put_bytes(o, PyBytes_AS_STRING(scope_tail), tail_len);
+        PyObject *item = Py_BuildValue("(NL)", data, points[p]);
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+        used += sizes[p];
     }
     PyMem_Free(ms);
     PyMem_Free(match);
     PyMem_Free(sizes);
     PyMem_Free(points);
     PyMem_Free(smsizes);
-    return out;
+    return Py_BuildValue("(NN)", out, dropped);
 fail:
     Py_XDECREF(out);
+    Py_XDECREF(dropped);
     PyMem_Free(ms);
     PyMem_Free(match);
     PyMem_Free(sizes);

@@ -300,16 +300,18 @@ def frame_resources(
     resources: list[bytes],
     scope: tuple[bytes, bytes],
     metrics: list[ProcessMetric],
-    max_bytes: int,
-) -> list[tuple[bytes, int]]:
-    """Write one ``ResourceMetrics`` per pid and pack them into requests (the kernels').
+    budget: int,
+) -> tuple[list[tuple[bytes, int]], list[tuple[int, int]]]:
+    """Write one ``ResourceMetrics`` per pid, each a request of its own, within ``budget``.
 
-    See ``kernels.frame_resources``: ``scope`` is ``(head, tail)`` of the processes'
-    ``ScopeMetrics`` (:func:`scope_bytes`).
+    See ``kernels.frame_resources`` (the kernels'): ``scope`` is ``(head, tail)`` of the
+    processes' ``ScopeMetrics`` (:func:`scope_bytes`). Returns ``(parts, dropped)``: the
+    ``(request bytes, points)`` of ``first`` and of each process that fits, and
+    ``(pid, points)`` of each process left out for the budget (0: none).
     """
     head, tail = scope
     return _kernels.frame_resources(  # type: ignore[no-any-return]
-        first, first_points, pids, resources, head, tail, metrics, max_bytes
+        first, first_points, pids, resources, head, tail, metrics, budget
     )
 
 

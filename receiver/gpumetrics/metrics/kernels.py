@@ -153,31 +153,41 @@ def frame_resources(
     scope_head: bytes,
     scope_tail: bytes,
     metrics: list[tuple[bytes, bytes, bytes, list[Run]]],
-    max_bytes: int,
-) -> list[tuple[bytes, int]]:
-    """Frame per-process ``ResourceMetrics`` and pack them into requests.
+    budget: int,
+) -> tuple[list[tuple[bytes, int]], list[tuple[int, int]]]:
+    """Frame one ``ResourceMetrics`` per process, each a request of its own, within a budget.
 
     Args:
         first: the first ``resource_metrics`` field (the host's, serialized with its tag) as
             the list of its pieces, written in order (never joined on their own), or None.
         first_points: the data points in ``first``.
         pids: the processes to write, ascending.
-        resources: each pid's ``resource`` field (serialized with its tag).
+        resources: each pid's ``resource`` field (serialized with its tag), followed by any
+            other field of its ``ResourceMetrics`` that is not a scope (``schema_url``).
         scope_head: a ``ScopeMetrics``' bytes before its metrics (its ``scope``).
         scope_tail: a ``ScopeMetrics``' bytes after its metrics (its ``schema_url``).
         metrics: per metric ``(header, trailer, blob, runs)``: the ``Metric``'s bytes before
             and after its data (``bulk.MetricHeads``), the buffer of every process's data
             points, and each process's run in it, by pid ascending (pids without a resource,
             dropped by relabeling, are skipped).
-        max_bytes: the largest request (By); a resource larger than that alone is one request.
+        budget: the most bytes of all parts together (By), 0 for no limit. ``first`` is always
+            kept; then each process in pid order when its part fits what is left (first fit:
+            a later, smaller one may still fit).
 
     Returns:
-        ``(request bytes, points)`` per request: whole ``resource_metrics`` entries, in order.
+        ``(parts, dropped)``: ``(request bytes, points)`` per resource kept, ``first`` first,
+        each one serialized ``ExportMetricsServiceRequest`` holding one ``resource_metrics``
+        entry; and ``(pid, points)`` per process left out for the budget.
 
     """
-    entries: list[tuple[bytes, int]] = []
+    parts: list[tuple[bytes, int]] = []
+    dropped: list[tuple[int, int]] = []
+    used = 0
     if first:
-        entries.append((b"".join(first), first_points))
+        head = b"".join(first)
+        if head:
+            parts.append((head, first_points))
+            used = len(head)
     cursors = [0] * len(metrics)
     for pid, resource in zip(pids, resources, strict=True):
         body: list[bytes] = []
@@ -196,17 +206,10 @@ def frame_resources(
             cursors[k] = i
         scope = scope_head + b"".join(body) + scope_tail
         rm = resource + b"\x12" + _varint(len(scope)) + scope
-        entries.append((b"\x0a" + _varint(len(rm)) + rm, points))
-    out: list[tuple[bytes, int]] = []
-    chunk: list[bytes] = []
-    size = total = 0
-    for data, points in entries:
-        if chunk and size + len(data) > max_bytes:
-            out.append((b"".join(chunk), total))
-            chunk, size, total = [], 0, 0
-        chunk.append(data)
-        size += len(data)
-        total += points
-    if chunk:
-        out.append((b"".join(chunk), total))
-    return out
+        entry = b"\x0a" + _varint(len(rm)) + rm
+        if budget > 0 and used + len(entry) > budget:
+            dropped.append((pid, points))
+            continue
+        parts.append((entry, points))
+        used += len(entry)
+    return parts, dropped

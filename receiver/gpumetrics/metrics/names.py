@@ -58,6 +58,7 @@ MetricGPUProfEngineActivity = "nvidia.gpu.prof.engine.activity"
 MetricProcessUtilization = "nvidia.gpu.process.utilization"
 MetricProcessMemoryCopyUtilization = "nvidia.gpu.process.memory_copy.utilization"
 MetricProcessMemoryUsage = "nvidia.gpu.process.memory.usage"
+MetricGPUProcessCount = "nvidia.gpu.process.count"
 MetricGPUEvents = "nvidia.gpu.events"
 
 # --- attribute keys ---
@@ -94,6 +95,8 @@ AttrViolationPolicy = "nvidia.gpu.violation.policy"
 AttrPipe = "nvidia.gpu.pipe"
 AttrEngine = "nvidia.gpu.engine"
 AttrEngineIndex = "nvidia.gpu.engine.index"
+AttrGPUProcessType = "nvidia.gpu.process.type"
+"""The NVML list a process is in: ``compute``, ``graphics`` or ``mps`` (nvidia-smi's "Type")."""
 
 # --- attribute values ---
 HwTypeGPU = "gpu"

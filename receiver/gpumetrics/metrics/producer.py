@@ -1,26 +1,36 @@
-"""The :class:`Producer`: a batch of columns, encoded into OTLP in bulk on each ``collect``.
+"""The :class:`Producer`: a batch of columns, encoded into OTLP in bulk on each collection.
 
 Collectors commit what a device's tick read (:meth:`Producer.commit`: device points as
 per-metric columns, per-process points as :class:`~gpumetrics.metrics.columns.ProcessBlock`
 tables) or, through the seed's API, record points into a :class:`MetricBuffer`
 (``record_host`` / ``record_process``). Either way the producer holds one
-:class:`~gpumetrics.metrics.columns.ResourceColumns` for the host and one per process until the
-next ``collect``, which writes them as one ``ExportMetricsServiceRequest``
-(:mod:`gpumetrics.metrics.bulk`): one ``Metric`` per name per scope (never two same-named
-metrics, as polarsignals/gpu-metrics-agent's ``Produce`` in ``nvidia.go`` emits one per
-device), and one ``ResourceMetrics`` per process that recorded a point since the previous
-call, so a process that stopped using the GPU gets no point in the next ``collect``.
+:class:`~gpumetrics.metrics.columns.ResourceColumns` for the host and per-metric
+:class:`~gpumetrics.metrics.columns.ProcessColumns` for the processes until the next
+collection, which writes them as OTLP (:mod:`gpumetrics.metrics.bulk`): one ``Metric`` per
+name per scope (never two same-named metrics, as polarsignals/gpu-metrics-agent's ``Produce``
+in ``nvidia.go`` emits one per device), and one ``ResourceMetrics`` per process that recorded a
+point since the previous call, so a process that stopped using the GPU gets no point in the
+next collection.
 
-What never changes between batches is serialized once: metric headers, point attribute
+The batcher takes a collection with :meth:`Producer.collect_parts`: resource by resource, each
+a serialized request of its own, within a byte budget (``store.max_collection_bytes``): a
+process whose resource does not fit what is left is left out and its points counted
+(:class:`CollectionParts`); its ``ResourceMetrics`` is never written, so the collection's parts
+never take more than the budget, however many processes NVML reports.
+
+What never changes between collections is serialized once: metric headers, point attribute
 entries, the host resource and scopes, and each process's resource, cached by the resourcer's
-answer (its attributes, compared whole), not by the pid alone, so a process whose identity
-changes (a declaration arrives, a relabel rule changes) gets a new resource at once.
+answer (its attributes, compared whole, and the schema URL), not by the pid alone, so a process
+whose identity changes (a declaration arrives, a relabel rule changes) gets a new resource at
+once. The cache holds only the resources of the last collection's kept processes, so with a
+budget it never holds more than the budget.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
@@ -37,21 +47,24 @@ from gpumetrics.metrics.columns import (
     check,
 )
 from gpumetrics.metrics.spec import MetricSpec, Scope, catalogue
-from gpumetrics.wire import varint
+from gpumetrics.wire import len_field, varint
 
 if TYPE_CHECKING:  # selftelemetry builds on this package; importing it here would be circular
     from gpumetrics.selftelemetry import SelfTelemetry
 
 T = TypeVar("T")
 
-_UNBOUNDED = 2**62  # one request, whatever its size
-
 HEADS_MAX = 16_384
 """Distinct point attribute tuples whose serialized heads are kept between batches."""
 
 
 class ProcessResourcer(Protocol):
-    """Builds the OTLP resource of one process (implemented by ``gpumetrics.identity``)."""
+    """Builds the OTLP resource of one process (implemented by ``gpumetrics.identity``).
+
+    A resourcer may also have ``schema_url(pid) -> str``, the schema URL of the resource it last
+    put for ``pid`` ("" for none; ``gpumetrics.identity``'s has): it becomes the per-process
+    ``ResourceMetrics.schema_url``.
+    """
 
     def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
         """Add the resource attributes of ``pid`` to ``attrs``.
@@ -67,6 +80,39 @@ class Renderer(Protocol):
 
     def render(self, metrics: Any) -> int:
         """Append metrics; return the number of data points written."""
+
+
+@dataclass
+class CollectionParts:
+    """One collection, serialized resource by resource (what :meth:`Producer.collect_parts` makes).
+
+    Attributes:
+        parts: ``(data, points)``: each ``data`` a serialized ``ExportMetricsServiceRequest``
+            holding one ``ResourceMetrics`` (the host resource first, when it has anything, then
+            one per process in pid order) and its data points. The concatenation of the
+            ``data`` is the collection as one serialized request.
+        dropped_points: points of the processes left out for the byte budget.
+        dropped_resources: processes left out for the byte budget.
+
+    """
+
+    parts: list[tuple[bytes, int]] = field(default_factory=list)
+    dropped_points: int = 0
+    dropped_resources: int = 0
+
+    @property
+    def size(self) -> int:
+        """Serialized bytes of the collection (By)."""
+        return sum(len(data) for data, _ in self.parts)
+
+    @property
+    def points(self) -> int:
+        """Data points in the collection."""
+        return sum(n for _, n in self.parts)
+
+
+_ResourceKey = tuple[tuple[tuple[str, Any], ...], str]
+"""What a process's cached resource bytes are keyed by: its attributes and its schema URL."""
 
 
 class _Batch:
@@ -138,7 +184,7 @@ class Producer:
         self._encode_lock = threading.Lock()
         self._metric_heads = bulk.MetricHeads()
         self._point_heads = (bulk.PointHeads(False), bulk.PointHeads(True))
-        self._resources: dict[int, tuple[tuple[tuple[str, Any], ...], bytes]] = {}
+        self._resources: dict[int, tuple[_ResourceKey, bytes]] = {}
         self._host_resource: bytes | None = None
         self._scope_parts = bulk.scope_bytes(self._scope)
         self._self_scope_parts = bulk.scope_bytes(self._self_scope)
@@ -269,15 +315,15 @@ class Producer:
         ]
 
     def _encode(
-        self, max_bytes: int, with_self: bool = True
-    ) -> tuple[list[tuple[bytes, int]], list[list[bytes]]]:
-        """Drain the batch into serialized requests of at most ``max_bytes`` each.
+        self, budget: int, with_self: bool = True
+    ) -> tuple[CollectionParts, list[list[bytes]]]:
+        """Drain the batch into one part per resource, within ``budget`` bytes (0: no limit).
 
         Returns:
-            ``([(request bytes, points)], host GPU metrics)``: the requests (the host resource
-            first, carrying the GPU metrics scope and, when configured, the
-            ``gpumetrics.self`` scope, left out when it has nothing to carry; then one
-            resource per process, by pid) and the host's GPU ``Metric`` messages (as pieces).
+            ``(parts, host GPU metrics)``: the collection (the host resource first, carrying the
+            GPU metrics scope and, when configured, the ``gpumetrics.self`` scope, left out when
+            it has nothing to carry; then one resource per process, by pid, while they fit) and
+            the host's GPU ``Metric`` messages (as pieces).
 
         """
         batch, resourcer = self._drain()
@@ -294,19 +340,29 @@ class Producer:
                 self._metric_heads,
                 self._point_heads,
             )
+            del batch
             first = self._host_resource_metrics(host, with_self)
             if first is not None:
                 n += first[1]
-            pids, resources = self._process_resources(metrics, resourcer)
-            return bulk.frame_resources(
+            pids, resources, keys = self._process_resources(metrics, resourcer)
+            parts, dropped = bulk.frame_resources(
                 first[0] if first else None,
                 n,
                 pids,
                 resources,
                 self._scope_parts,
                 metrics,
-                max_bytes,
-            ), host
+                budget,
+            )
+            del metrics
+            out = CollectionParts(parts)
+            if dropped:
+                out.dropped_resources = len(dropped)
+                out.dropped_points = sum(points for _, points in dropped)
+                for pid, _ in dropped:  # the cache keeps what the budget kept, no more
+                    del keys[pid]
+            self._resources = keys  # a process without points this batch: its resource is forgotten
+            return out, host
 
     def _host_resource_metrics(
         self, host: list[list[bytes]], with_self: bool
@@ -337,16 +393,18 @@ class Producer:
 
     def _process_resources(
         self, metrics: list[bulk.ProcessMetric], resourcer: ProcessResourcer | None
-    ) -> tuple[list[int], list[bytes]]:
+    ) -> tuple[list[int], list[bytes], dict[int, tuple[_ResourceKey, bytes]]]:
         """Return the pids with points (relabel-dropped ones counted, left out), and resources.
 
-        A resource is serialized once and kept while its process has points, rebuilt only
-        when the resourcer's answer for the pid changes.
+        A resource (with the ``ResourceMetrics.schema_url`` the resourcer gives the pid, when it
+        has ``schema_url``) is serialized once and kept while its process has points, rebuilt
+        only when the resourcer's answer for the pid changes. Also returns the entries to keep.
         """
         pids: list[int] = []
         resources: list[bytes] = []
         cached = self._resources
-        kept: dict[int, tuple[tuple[tuple[str, Any], ...], bytes]] = {}
+        kept: dict[int, tuple[_ResourceKey, bytes]] = {}
+        schema_url = getattr(resourcer, "schema_url", None)
         for pid in sorted({run[0] for m in metrics for run in m[3]}):
             attrs: dict[str, Any] = {names.AttrProcessPID: pid}
             if resourcer is not None and not resourcer.put_resource(pid, attrs):
@@ -354,15 +412,18 @@ class Producer:
                     self._telemetry.add("gpumetrics.processes.dropped_by_relabel")
                 continue
             attrs[names.AttrProcessPID] = pid  # always the int pid, whatever the resourcer did
-            key = tuple(attrs.items())
+            url = schema_url(pid) if schema_url is not None else ""  # docs/identity.md
+            key = (tuple(attrs.items()), url)
             hit = cached.get(pid)
             if hit is None or hit[0] != key:  # what the resourcer says about pid changed
-                hit = (key, bulk.resource_bytes(key))
+                data = bulk.resource_bytes(key[0])
+                if url:  # ResourceMetrics.schema_url (field 3); fields may come in any order
+                    data += len_field(3, url.encode())
+                hit = (key, data)
             kept[pid] = hit
             pids.append(pid)
             resources.append(hit[1])
-        self._resources = kept  # a process without points this batch: its resource is forgotten
-        return pids, resources
+        return pids, resources, kept
 
     def produce(self, host_metrics: Any, resources: Any) -> int:
         """Drain everything recorded since the last call into OTLP messages (the seed's API).
@@ -377,16 +438,41 @@ class Producer:
             The number of data points written.
 
         """
-        requests, host = self._encode(_UNBOUNDED, with_self=False)
+        collection, host = self._encode(0, with_self=False)
         for pieces in host:
             host_metrics.add().ParseFromString(b"".join(pieces))
         n = 0
-        for data, points in requests:
-            request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)
+        for i, (data, points) in enumerate(collection.parts):
             n += points
-            rms = request.resource_metrics
-            resources.extend(rms[1:] if host else rms)  # after the host's resource, if any
+            if i == 0 and host:
+                continue  # the host's resource: its metrics are in host_metrics
+            request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)
+            resources.extend(request.resource_metrics)
         return n
+
+    def collect_parts(self, max_bytes: int = 0) -> CollectionParts:
+        """Produce one collection within ``max_bytes``, serialized resource by resource.
+
+        The content of :meth:`collect`, as :class:`CollectionParts`: the host resource is
+        always kept; then processes in pid order, each kept when its part fits what is left of
+        ``max_bytes`` and left out otherwise (its points counted in
+        ``CollectionParts.dropped_points``; a later, smaller process may still fit). A process
+        left out is never written: its size is known from its columns before its bytes are.
+        What the batcher stores (``BatchStore.append_parts``). Empty parts when nothing was
+        recorded.
+
+        Args:
+            max_bytes: the most serialized bytes of the whole collection (By); 0 = no limit.
+
+        Raises:
+            ValueError: ``max_bytes`` is negative.
+            EncodingError: naming the metric or attribute that cannot be encoded.
+
+        """
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"max_bytes: must be an int >= 0, got {max_bytes!r}")
+        collection, _ = self._encode(max_bytes)
+        return collection
 
     def collect_serialized(self) -> tuple[bytes, int]:
         """Produce one complete serialized ``ExportMetricsServiceRequest`` and its point count.
@@ -395,32 +481,17 @@ class Producer:
             EncodingError: naming the metric or attribute that cannot be encoded.
 
         """
-        requests, _ = self._encode(_UNBOUNDED)
-        if not requests:
-            return b"", 0
-        ((data, points),) = requests
-        return data, points
-
-    def collect_batches(self, max_bytes: int) -> list[tuple[bytes, int]]:
-        """Produce the batch as serialized requests of at most ``max_bytes`` each, with counts.
-
-        Whole ``ResourceMetrics`` are packed in order, as ``metrics.split.split_request``
-        packs them, so the store (``BatchStore.append_serialized``) keeps them as they come;
-        a resource larger than ``max_bytes`` on its own is one request, which the store splits
-        further. This is what the batcher stores. Empty when nothing was recorded.
-
-        Raises:
-            ValueError: ``max_bytes`` is not positive.
-            EncodingError: naming the metric or attribute that cannot be encoded.
-
-        """
-        if max_bytes <= 0:
-            raise ValueError(f"max_bytes: must be > 0, got {max_bytes}")
-        requests, _ = self._encode(max_bytes)
-        return requests
+        collection, _ = self._encode(0)
+        return b"".join(data for data, _ in collection.parts), collection.points
 
     def collect(self) -> metrics_service_pb2.ExportMetricsServiceRequest:
-        """Produce one complete ``ExportMetricsServiceRequest`` (see :meth:`collect_serialized`)."""
+        """Produce one complete ``ExportMetricsServiceRequest``.
+
+        The host resource (``host_attributes``) carries the GPU metrics scope and, when
+        configured, the ``gpumetrics.self`` scope; then one resource per process. The host
+        resource is left out when it has nothing to carry. The content of
+        :meth:`collect_parts` without a budget, as one protobuf message.
+        """
         data, _ = self.collect_serialized()
         return metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)
 

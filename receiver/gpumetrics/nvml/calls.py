@@ -11,10 +11,12 @@ with the public reports behind it, in ``nvmlsim/README.md``):
 - **Error counting.** ``gpumetrics.nvml.errors{nvml.function, nvml.return_code}`` rises once per
   failing call. NOT_FOUND (no data right now) is not an error (F19).
 - **Log once.** One record per (device, function, kind) state change: INFO for a missing
-  capability, DEBUG for a missing symbol that has a fallback, WARNING otherwise; a success after
-  a failure logs INFO once. Capabilities found unsupported are logged when the tick ends
-  (:meth:`DeviceCalls.end_tick`): one INFO each, or, for a device whose tick read nothing at
-  all (Jetson, field case F30), one WARNING naming every source that answered NOT_SUPPORTED.
+  capability, DEBUG for a missing symbol that has a fallback and for a lost GPU (the device
+  state machine logs the loss once, as its state change), WARNING otherwise; a success after
+  a failure logs INFO once (DEBUG after a loss: "is back" says it). Capabilities found
+  unsupported are logged when the tick ends (:meth:`DeviceCalls.end_tick`): one INFO each,
+  or, for a device whose tick read nothing at all (Jetson, field case F30), one WARNING naming
+  every source that answered NOT_SUPPORTED.
 - **Fatal kinds abort the device's tick:** ``gpu_lost`` raises :class:`DeviceLost`; a lifecycle
   code (UNINITIALIZED, DRIVER_NOT_LOADED, ...) raises :class:`LibraryDown`.
 - **Dropped values** (impossible readings) are counted in
@@ -228,8 +230,10 @@ class DeviceCalls:
         self._in_flight = None
         self.answered += 1
         if self._last and cap in self._last:
-            del self._last[cap]
-            self._log.info("GPU %s: %s answers again", self.label, cap)
+            was = self._last.pop(cap)
+            # after a loss the state machine's "is back" says it; other recoveries get a line
+            level = logging.DEBUG if was == ErrorKind.GPU_LOST.value else logging.INFO
+            self._log.log(level, "GPU %s: %s answers again", self.label, cap)
         return result
 
     def get(
@@ -274,10 +278,12 @@ class DeviceCalls:
                 cap, kind.value, level, "%s: %s: not called again on this GPU", cap, err.code_name
             )
             return
+        if kind is ErrorKind.GPU_LOST:
+            # the device state machine logs the one WARNING of the loss (its state change)
+            self._log_once(cap, kind.value, logging.DEBUG, "%s: %s", cap, err.code_name)
+            raise DeviceLost(err) from err
         level = logging.INFO if fallback else logging.WARNING
         self._log_once(cap, kind.value, level, "%s: %s", cap, err.code_name)
-        if kind is ErrorKind.GPU_LOST:
-            raise DeviceLost(err) from err
         if kind in _TRANSIENT and not fallback:
             self.degraded = True
             self.reasons.append(err.code_name)

@@ -198,8 +198,14 @@ class Collector:
         first cycle that has devices.
         """
         if settings.enabled and self._events is None:
+            s = self._settings
             self._events = EventListener(
-                sink, settings, self._telemetry, self._log, clock_ns=self._ctx.clock_ns
+                sink,
+                settings,
+                self._telemetry,
+                self._log,
+                clock_ns=self._ctx.clock_ns,
+                register_backoff_s=(s.device_backoff_initial_s, s.device_backoff_max_s),
             )
 
     @property

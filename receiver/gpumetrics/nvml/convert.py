@@ -47,6 +47,8 @@ KIB = 1 << 10
 
 OUT_OF_RANGE = "out_of_range"
 SENTINEL = "sentinel"
+NON_FINITE = "non_finite"
+"""A double reading (GPM) that is NaN or ±Inf."""
 
 Result = tuple[float | int | None, str | None]
 

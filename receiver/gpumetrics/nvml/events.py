@@ -13,9 +13,14 @@ or TIMEOUT, and ``nvmlEventSetFree``. The :class:`EventListener` does that on th
   new session gets a new set; a GPU recovered with a new handle is registered on the set it has
   (no events of the other GPUs are lost to a new set). Each GPU's supported types are probed
   once per session (NOT_SUPPORTED disables it for the session, logged once) and registered ANDed
-  with ``events.types``. MIG: NVML registers physical GPUs only (per-instance
-  registration through MIG handles is not supported); an event with instance ids is attributed
-  to the matching MIG instance.
+  with ``events.types``; one INFO per GPU names the configured types it lacks. A registration
+  answering UNKNOWN leaves the set "in undefined state" (nvml.h): it is freed, the other GPUs
+  go on a new set and the failed GPU is retried on back-off (one WARNING per episode). MIG:
+  NVML registers physical GPUs only (per-instance registration through MIG handles is not
+  supported); an event with instance ids is attributed to the matching MIG instance.
+* **Recovery actions.** ``nvmlEventTypeGpuRecoveryAction`` carries ``eventData`` 0; the action
+  is read with ``nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)`` as the event
+  arrives (unknown when that read fails).
 * **Waiting.** ``nvmlEventSetWait_v2`` with ``events.wait_timeout_s`` (1 s): the bound on how
   long a stop or a re-registration waits for the thread. TIMEOUT just loops.
 * **GPU lost.** A wait answering GPU_IS_LOST (drivers rarely deliver Xid 79 as an event; the
@@ -23,7 +28,8 @@ or TIMEOUT, and ``nvmlEventSetFree``. The :class:`EventListener` does that on th
   GPU_IS_LOST; the wait answered it only once its queued events were read): registering the
   lost GPU fails with GPU_IS_LOST, which names it. It yields one ``gpu_lost`` event per loss
   (also when the collector's ticks see the loss first), and the GPU is registered again when the
-  collector recovers it (a new handle); its events resume from then on.
+  collector recovers it (a new handle); its events resume from then on. The listener logs the
+  loss at DEBUG: the device state machine's state change is its one WARNING.
 * **Lifecycle.** The collector suspends the listener before the NVML session goes down
   (library error, :meth:`Collector.release`, :meth:`Collector.stop`) and waits until it is idle
   (at most one wait timeout): the thread frees its set while NVML is still initialised and makes
@@ -53,12 +59,14 @@ import pynvml
 
 from gpumetrics.events import INSTANCE_ID_ANY, EventSettings, EventSink, GpuEvent, event_catalogue
 from gpumetrics.metrics import names
-from gpumetrics.nvml.calls import DeviceCalls, DeviceLost, LibraryDown
+from gpumetrics.nvml.calls import NVML_ERRORS, DeviceCalls, DeviceLost, LibraryDown
 from gpumetrics.nvml.context import Points
 from gpumetrics.nvml.device import Device
+from gpumetrics.nvml.fields import read_one_field
 from gpumetrics.nvml.query import (
     GPU_LOST_CODES,
     LIFECYCLE_CODES,
+    UNKNOWN_CODE,
     ErrorKind,
     QueryError,
     code_name,
@@ -67,13 +75,19 @@ from gpumetrics.nvml.query import (
 from gpumetrics.nvml.state import Backoff
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 
-__all__ = ["EventListener", "SUPPORTED_TYPES", "WAIT"]
+__all__ = ["EventListener", "RECOVERY_ACTION_FIELD", "SUPPORTED_TYPES", "WAIT"]
+
+REGISTER_BACKOFF_S = (1.0, 30.0)
+"""Back-off of repeated wait failures, and the default of a registration retried (s)."""
 
 SUPPORTED_TYPES = "nvmlDeviceGetSupportedEventTypes"
 REGISTER = "nvmlDeviceRegisterEvents"
 WAIT = "nvmlEventSetWait_v2"
+RECOVERY_ACTION_FIELD = pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+"""Field 230: the ``nvmlDeviceGpuRecoveryAction_t`` a recovery-action event announces."""
 REGISTERED_DEVICES = "gpumetrics.events.registered_devices"
 _GPU_LOST_NAMES = frozenset(code_name(c) for c in GPU_LOST_CODES)
+_UNKNOWN = frozenset({UNKNOWN_CODE})
 
 
 def handle_value(handle: Any) -> int:
@@ -89,6 +103,14 @@ class _Registered:
     handle: int
 
 
+@dataclass
+class _Retry:
+    """A GPU whose registration failed transiently: retried on back-off, warned once."""
+
+    backoff: Backoff
+    attempts: int = 0
+
+
 class EventListener:
     """Listens for NVML events of the current session's GPUs (see the module docstring).
 
@@ -99,6 +121,9 @@ class EventListener:
         log: the collector's logger.
         clock_ns: wall clock, Unix-epoch ns (observed times). Tests pass the simulator's.
         backoff: the back-off of repeated wait failures (default 1 s doubling to 30 s).
+        register_backoff_s: (initial, max) back-off of a GPU whose registration failed
+            transiently (UNKNOWN), in seconds, per GPU; the collector passes its device
+            back-off (``collection.device_backoff_initial_s`` / ``_max_s``).
 
     Threads: :meth:`sync`, :meth:`suspend`, :meth:`idle` and :meth:`stop` are called by the
     collector's scheduler; everything that calls NVML runs on the listener's own thread.
@@ -113,6 +138,7 @@ class EventListener:
         log: logging.Logger | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         backoff: Backoff | None = None,
+        register_backoff_s: tuple[float, float] = REGISTER_BACKOFF_S,
     ) -> None:
         self._sink = sink
         self._settings = settings
@@ -120,7 +146,8 @@ class EventListener:
         self._telemetry = telemetry
         self._log = log or logging.getLogger("gpumetrics.nvml")
         self._clock_ns = clock_ns
-        self._backoff = backoff or Backoff(1.0, 30.0)
+        self._backoff = backoff or Backoff(*REGISTER_BACKOFF_S)
+        self._backoff_s = register_backoff_s
         self._cat = event_catalogue()
         self._cond = threading.Condition()
         # state shared with the scheduler (under _cond)
@@ -141,6 +168,8 @@ class EventListener:
         self._registered: dict[int, _Registered] = {}
         self._gates: dict[str, DeviceCalls] = {}
         self._masks: dict[str, int] = {}
+        self._lacking: dict[str, int] = {}  # uuid -> the configured types it lacks (logged)
+        self._retry: dict[str, _Retry] = {}  # uuid -> registration retried on back-off
         self._lost: dict[str, int] = {}  # uuid -> id() of the record it was lost on
         self._new_set_needed = False  # a registered GPU was lost: this set answers GPU_IS_LOST
         self._disabled_generation = -1
@@ -253,12 +282,13 @@ class EventListener:
                         self._stopping
                         or (self._active and (self._dirty or self._set is not None))
                         or (not self._active and self._set is not None)
-                    )
+                    ),
+                    timeout=self._retry_in_s(),
                 )
                 if self._stopping or not self._active:
                     active = False
                 else:
-                    active, rebuild = True, self._dirty
+                    active, rebuild = True, self._dirty or self._retry_due()
                     self._dirty = False
                     devices, generation = list(self._devices), self._generation
                     self._refreshing = rebuild or generation != self._set_generation
@@ -301,28 +331,74 @@ class EventListener:
         """Capabilities are re-probed per session (a new driver may differ)."""
         self._gates.clear()
         self._masks.clear()
+        self._retry.clear()
         self._set_generation = generation
 
+    def _retry_due(self) -> bool:
+        """Tell whether a GPU waiting to be registered again may be tried now."""
+        now = time.monotonic_ns()
+        return any(r.backoff.due(now) for r in self._retry.values())
+
+    def _retry_in_s(self) -> float | None:
+        """Seconds until the next registration retry is due (None: none waits)."""
+        if not self._retry:
+            return None
+        now = time.monotonic_ns()
+        waits = [max(0, (r.backoff.next_ns or now) - now) for r in self._retry.values()]
+        return min(waits) / 1e9
+
     def _refresh(self, devices: list[Device], generation: int) -> None:
-        """Register what is not registered yet; on a new session or a lost GPU, on a new set."""
-        if self._set is None or self._new_set_needed or generation != self._set_generation:
-            if not self._new_set(generation):
-                return
-        current = {(d.uuid, handle_value(d.handle)) for d in devices if d.handle is not None}
-        for key, reg in list(self._registered.items()):
-            if (reg.dev.uuid, reg.handle) not in current:
-                del self._registered[key]  # a reset or vanished GPU: that handle says nothing
-        for dev in devices:
-            registered = handle_value(dev.handle) in self._registered
-            if dev.handle is not None and dev.parent is None and not registered:
-                try:
-                    self._register(dev)
-                except LibraryDown:
-                    self._drop_set()  # the session is gone; the collector re-initialises
-                    return
+        """Register what is not registered yet; on a new session or a lost GPU, on a new set.
+
+        A registration answering UNKNOWN leaves the set undefined (nvml.h,
+        ``nvmlDeviceRegisterEvents``: it "should be freed"): the set is freed and every GPU
+        that was on it is registered on a new one, while the GPU that failed waits for its
+        back-off. Each round puts one more GPU on back-off, so this ends.
+        """
+        try:
+            self._register_all(devices, generation)
+        finally:
+            # A retry still due was not attempted (the GPU is gone, lost, without a handle, or
+            # no set could be made) or ended otherwise (registered, NOT_SUPPORTED): forget it,
+            # so it cannot wake the thread again and again.
+            now = time.monotonic_ns()
+            for uuid in [u for u, r in self._retry.items() if r.backoff.due(now)]:
+                del self._retry[uuid]
         self._telemetry.set(REGISTERED_DEVICES, len(self._registered))
         if not self._registered:
             self._free()
+
+    def _register_all(self, devices: list[Device], generation: int) -> None:
+        for _ in range(len(devices) + 1):
+            if self._set is None or self._new_set_needed or generation != self._set_generation:
+                if not self._new_set(generation):
+                    return
+            current = {(d.uuid, handle_value(d.handle)) for d in devices if d.handle is not None}
+            for key, reg in list(self._registered.items()):
+                if (reg.dev.uuid, reg.handle) not in current:
+                    del self._registered[key]  # a reset or vanished GPU: that handle says nothing
+            undefined = False
+            for dev in devices:
+                if not self._wants_registration(dev):
+                    continue
+                try:
+                    undefined = not self._register(dev)
+                except LibraryDown:
+                    self._drop_set()  # the session is gone; the collector re-initialises
+                    return
+                if undefined:
+                    self._new_set_needed = True  # free it; the others go on a new set
+                    break
+            if not undefined:
+                return
+
+    def _wants_registration(self, dev: Device) -> bool:
+        if dev.handle is None or dev.parent is not None:
+            return False  # no handle yet, or a MIG instance (NVML registers GPUs only)
+        if handle_value(dev.handle) in self._registered:
+            return False
+        retry = self._retry.get(dev.uuid)
+        return retry is None or retry.backoff.due(time.monotonic_ns())
 
     def _new_set(self, generation: int) -> bool:
         """Free the set and create a new one (a new session re-probes capabilities)."""
@@ -350,47 +426,124 @@ class EventListener:
             self._rebuilds += 1
         return True
 
-    def _supported(self, dev: Device) -> int:
+    def _supported(self, dev: Device) -> int | None:
+        """Return the configured types ``dev`` supports (``nvmlDeviceGetSupportedEventTypes``).
+
+        0 when it supports none or cannot tell (NOT_SUPPORTED: probed once per session); None
+        after a transient failure (retried on back-off). Logs one INFO per GPU naming the
+        configured types it lacks.
+        """
         mask = self._masks.get(dev.uuid)
         if mask is None:
             gate = self._gate(dev)
             value = gate.get(SUPPORTED_TYPES, SUPPORTED_TYPES, _supported_types, dev.handle)
+            if value is None and gate.enabled(SUPPORTED_TYPES):
+                return None  # a transient failure (counted and logged by the gate)
             mask = self._masks[dev.uuid] = int(value) if value is not None else 0
-            if value is not None and not mask & self._wanted:
-                self._log.info(
-                    "GPU %s supports none of the configured event types (events.types); "
-                    "no events are read from it",
-                    dev.uuid,
-                )
+            if value is not None:
+                self._log_lacking(dev, mask)
         return mask & self._wanted
 
-    def _register(self, dev: Device) -> None:
+    def _log_lacking(self, dev: Device, supported: int) -> None:
+        lacking = self._wanted & ~supported
+        if not lacking or self._lacking.get(dev.uuid) == lacking:
+            return
+        self._lacking[dev.uuid] = lacking
+        missing = ", ".join(s.type for s in self._cat.nvml_types if s.bit & lacking)
+        if not supported & self._wanted:
+            self._log.info(
+                "GPU %s supports none of the configured event types (events.types: %s, per "
+                "nvmlDeviceGetSupportedEventTypes); no events are read from it",
+                dev.uuid,
+                missing,
+            )
+            return
+        self._log.info(
+            "GPU %s does not support the configured event types %s "
+            "(nvmlDeviceGetSupportedEventTypes); it is registered for the others",
+            dev.uuid,
+            missing,
+        )
+
+    def _register(self, dev: Device) -> bool:
+        """Register ``dev`` on the set; False when the set is now undefined and must be freed."""
         try:
             mask = self._supported(dev)
+            if mask is None:
+                self._retry_later(dev)
+                return True
             if not mask:
-                return
+                return True
             self._gate(dev).query(
-                REGISTER, REGISTER, pynvml.nvmlDeviceRegisterEvents, dev.handle, mask, self._set
+                REGISTER,
+                REGISTER,
+                pynvml.nvmlDeviceRegisterEvents,
+                dev.handle,
+                mask,
+                self._set,
+                retry_codes=_UNKNOWN,
             )
         except DeviceLost as lost:
             self._mark_lost(dev, lost.error.code_name)
-            return
-        except QueryError:
-            return  # counted and logged by the gate; NOT_SUPPORTED disables it for the session
+            return True
+        except QueryError as err:
+            if err.code == UNKNOWN_CODE:
+                self._set_undefined(dev, err)
+                return False
+            return True  # counted and logged by the gate; NOT_SUPPORTED disables it for the session
         self._registered[handle_value(dev.handle)] = _Registered(dev, handle_value(dev.handle))
-        self._sink.listening(dev.uuid, self._clock_ns())
+        self._sink.listening(dev.uuid, self._clock_ns())  # the first registration's time stays
+        retry = self._retry.pop(dev.uuid, None)
+        if retry is not None and retry.attempts:
+            self._log.info(
+                "GPU %s: registered for events after %d failed attempt(s); its events are read "
+                "from now on",
+                dev.uuid,
+                retry.attempts,
+            )
         with self._cond:
             back = self._lost.pop(dev.uuid, None) is not None
-        if back:
-            self._log.info("GPU %s: registered for events again; its events resume", dev.uuid)
+        if back:  # the collector's state line already said it is back
+            self._log.debug("GPU %s: registered for events again; its events resume", dev.uuid)
+        return True
+
+    def _retry_later(self, dev: Device) -> _Retry:
+        retry = self._retry.get(dev.uuid)
+        if retry is None:
+            retry = self._retry[dev.uuid] = _Retry(Backoff(self._backoff_s[0], self._backoff_s[1]))
+        retry.backoff.failed(time.monotonic_ns())
+        return retry
+
+    def _set_undefined(self, dev: Device, err: QueryError) -> None:
+        """Count a registration that answered UNKNOWN; warn once per episode (until it works)."""
+        self._telemetry.add(
+            NVML_ERRORS, 1, {"nvml.function": REGISTER, "nvml.return_code": err.code_name}
+        )
+        retry = self._retry_later(dev)
+        retry.attempts += 1
+        level = logging.WARNING if retry.attempts == 1 else logging.DEBUG
+        self._log.log(
+            level,
+            "GPU %s: %s answered UNKNOWN (attempt %d): the event set is in an undefined state "
+            "(nvml.h) and is freed; the other GPUs are registered on a new set, this one is "
+            "retried on back-off (%g s doubling to %g s) and its events are not read meanwhile",
+            dev.uuid,
+            REGISTER,
+            retry.attempts,
+            *self._backoff_s,
+        )
 
     def _mark_lost(self, dev: Device, reason: str) -> None:
-        """Emit the one ``gpu_lost`` event of this loss of ``dev`` (idempotent until it is back)."""
+        """Emit the one ``gpu_lost`` event of this loss of ``dev`` (idempotent until it is back).
+
+        Logged at DEBUG: the collector's device state machine logs the one WARNING of the loss
+        (its state change), and the loss is also a FATAL ``nvidia.gpu.lost`` log record.
+        """
         with self._cond:
             if dev.uuid in self._lost:
                 return
             self._lost[dev.uuid] = id(dev)
-        self._log.warning("GPU %s is lost (%s); its events stop until it is back", dev.uuid, reason)
+        self._log.debug("GPU %s is lost (%s); its events stop until it is back", dev.uuid, reason)
         self._sink.record(
             GpuEvent(
                 type="gpu_lost",
@@ -462,6 +615,9 @@ class EventListener:
                 if inst.gpu.gpu_instance_id == gi and inst.gpu.compute_instance_id in (ci, None):
                     target = inst
                     break
+        action, reason = None, ""
+        if spec.type == "gpu_recovery_action":  # eventData is 0: the action is a field value
+            action, reason = self._recovery_action(dev)
         self._sink.record(
             GpuEvent(
                 type=spec.type,
@@ -472,8 +628,21 @@ class EventListener:
                 gpu_instance_id=gi if gi != INSTANCE_ID_ANY else None,
                 compute_instance_id=ci if ci != INSTANCE_ID_ANY else None,
                 nvml_type=int(data.eventType),
+                reason=reason,
+                recovery_action=action,
             )
         )
+
+    def _recovery_action(self, dev: Device) -> tuple[int | None, str]:
+        """Read the action a recovery-action event announces: (value, "") or (None, why).
+
+        nvml.h: ``nvmlEventData_t.eventData`` "is 0 for any other event" than an Xid, so the
+        action is ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, read when the event arrives.
+        """
+        value, why = read_one_field(
+            self._gate(dev), self._telemetry, dev.handle, "recovery_action", RECOVERY_ACTION_FIELD
+        )
+        return (None, why) if value is None else (int(value), "")
 
     def _free(self) -> None:
         es, self._set = self._set, None

@@ -17,14 +17,17 @@ the device's kept ``nvmlFieldValue_t`` array, decoded with ``struct``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pynvml
 
 from gpumetrics.nvml import records
-from gpumetrics.nvml.calls import NVML_ERRORS
+from gpumetrics.nvml.calls import NVML_ERRORS, DeviceCalls, DeviceLost, LibraryDown
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.device import Device
-from gpumetrics.nvml.query import code_name
+from gpumetrics.nvml.query import ErrorKind, QueryError, code_name
+from gpumetrics.nvml.samples import decode_value
+from gpumetrics.selftelemetry import SelfTelemetry
 
 FUNCTION = "nvmlDeviceGetFieldValues"
 _DISABLING = frozenset(
@@ -34,6 +37,12 @@ _DISABLING = frozenset(
         pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
     }
 )
+_DISABLED_CODE = {
+    ErrorKind.UNSUPPORTED: "NOT_SUPPORTED",
+    ErrorKind.NO_PERMISSION: "NO_PERMISSION",
+    ErrorKind.FUNCTION_MISSING: "FUNCTION_NOT_FOUND",
+}
+"""The code a capability the gate disabled had answered (the gate raises without a call)."""
 _NAMES = {
     int(getattr(pynvml, n)): n
     for n in dir(pynvml)
@@ -47,7 +56,8 @@ def field_name(field_id: int) -> str:
 
 
 Field = int | tuple[int, int]
-"""An ``NVML_FI_DEV_*`` id (scope 0), or ``(id, scopeId)`` (a per-link NVLink field: the link)."""
+"""A field to read: an ``NVML_FI_DEV_*`` id (scope 0), or ``(id, scopeId)`` (an NVLink
+counter's link, or ``UINT_MAX`` for all links)."""
 
 
 def field_label(field: Field) -> str:
@@ -67,8 +77,10 @@ def read_fields(
         tick: the tick (telemetry, log).
         purpose: names the read in the capability key (``nvmlDeviceGetFieldValues:<purpose>``),
             so an unusable call for one concern does not disable the others.
-        fields: ``NVML_FI_DEV_*`` ids, or ``(id, scopeId)`` pairs (``nvmlFieldValue_t``'s
-            ``scopeId``, e.g. an NVLink link).
+        fields: ``NVML_FI_DEV_*`` ids (scope 0), or ``(id, scopeId)`` pairs
+            (``nvmlFieldValue_t``'s ``scopeId``: an NVLink counter's link, or ``UINT_MAX`` for
+            all links). A field that answered NOT_SUPPORTED, NO_PERMISSION or
+            FUNCTION_NOT_FOUND is left out by what was requested (id and scope).
 
     Returns:
         ``{field: value}`` (keyed as requested) for fields that answered SUCCESS; empty when
@@ -96,19 +108,53 @@ def read_fields(
                 continue
             out[field] = value
             continue
-        tick.ctx.telemetry.add(
+        name = field_name(field[0] if isinstance(field, tuple) else field)
+        tick.ctx.telemetry.add(  # by field id: one series per field, whatever its scopes
             NVML_ERRORS,
             1,
-            {
-                "nvml.function": f"{FUNCTION}:{field_label(field)}",
-                "nvml.return_code": code_name(ret),
-            },
+            {"nvml.function": f"{FUNCTION}:{name}", "nvml.return_code": code_name(ret)},
         )
         if ret in _DISABLING:
             dropped.add(field)
-            unsupported.append(f"{field_label(field)} ({code_name(ret)})")
+            unsupported.append(f"{name} ({code_name(ret)})")
     if unsupported:
         dev.calls.note(
-            FUNCTION, "fields not answered, not asked again on this GPU: " + ", ".join(unsupported)
+            FUNCTION,
+            "fields not answered, not asked again on this GPU: "
+            + ", ".join(dict.fromkeys(unsupported)),  # a scoped field once, not once per link
         )
     return out
+
+
+def read_one_field(
+    calls: DeviceCalls, telemetry: SelfTelemetry, handle: Any, purpose: str, field_id: int
+) -> tuple[int | float | None, str]:
+    """Read one field now, outside a tick (the event listener): ``(value, "")`` or ``(None, why)``.
+
+    ``why`` is the NVML return code name of the call or of the field (``NOT_SUPPORTED``,
+    ``GPU_IS_LOST``...). A failing call is counted and logged by the gate ``calls``; a failing
+    field is counted in ``gpumetrics.nvml.errors`` with ``nvml.function`` =
+    ``nvmlDeviceGetFieldValues:<field>``. Nothing is cached: such a field is read rarely.
+    """
+    try:
+        values = calls.query(
+            f"{FUNCTION}:{purpose}", FUNCTION, pynvml.nvmlDeviceGetFieldValues, handle, [field_id]
+        )
+    except (DeviceLost, LibraryDown) as fatal:
+        return None, fatal.error.code_name
+    except QueryError as err:
+        disabled = err.code is None and err.kind in _DISABLED_CODE
+        return None, _DISABLED_CODE[err.kind] if disabled else err.code_name
+    fv = values[0]
+    ret = int(fv.nvmlReturn)
+    if ret != pynvml.NVML_SUCCESS:
+        attrs = {
+            "nvml.function": f"{FUNCTION}:{field_name(field_id)}",
+            "nvml.return_code": code_name(ret),
+        }
+        telemetry.add(NVML_ERRORS, 1, attrs)
+        return None, code_name(ret)
+    value = decode_value(int(fv.valueType), fv.value)
+    if value is None:
+        return None, f"VALUE_TYPE_{int(fv.valueType)}"
+    return value, ""

@@ -9,10 +9,14 @@ two buffers into ratios and rates over the interval between them. Here:
   ``isSupportedDevice = 0`` (everything before Hopper: A100, V100, Ada...) gets no GPM point
   and one INFO line; a driver without the GPM symbols (before R520) gets a DEBUG line.
 - **Two buffers per source, allocated once** (a source is the GPU, or one MIG GPU instance),
-  used in turn: each tick takes one sample into the buffer not holding the previous one and,
+  used in turn: each tick takes one sample into the buffer not holding the older one and,
   from the second tick on, one ``nvmlGpmMetricsGet`` over the pair, so two calls per source
-  per tick. Buffers are freed with ``nvmlGpmSampleFree`` when the collector stops or releases
-  NVML, when the GPU is lost, and when a GPU instance goes away (:func:`free_gpm`).
+  per tick. NVML wants the two samples of a pair "greater than 100ms" apart: below a 100 ms
+  collection interval the older sample is kept and the newer buffer re-sampled until the pair
+  spans 100 ms, so GPM works at any interval (a point every ``ceil(100 ms / interval)`` ticks,
+  each over the whole pair). Buffers are freed with ``nvmlGpmSampleFree`` when the collector
+  stops or releases NVML, when the GPU is lost, and when a GPU instance goes away
+  (:func:`free_gpm`).
 - **Which GPM metrics** are requested comes from the catalogue (each metric's ``gpm`` list);
   a metric answering NOT_SUPPORTED (per metric, in a successful call) is dropped from that
   source's later requests, counted once and logged in one INFO line per source.
@@ -22,13 +26,15 @@ two buffers into ratios and rates over the interval between them. Here:
   parent's ``hw.id`` with ``nvidia.gpu.mig.gpu_instance.id`` (the value belongs to the GPU
   instance, not to one of its compute instances, and is never copied onto several).
 - **Streaming mode** (``nvmlGpmSetStreamingEnabled``) is not needed for this sampling and is
-  never changed: the collector does not alter device settings. Samples closer than 100 ms
-  (NVML: the interval "should be greater than 100ms") are not turned into metrics.
+  never changed: the collector does not alter device settings.
+- **Non-finite values** (a GPM answer can be NaN or Inf) are dropped, counted as
+  ``gpumetrics.values.dropped{reason=non_finite}`` and logged once.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -179,9 +185,14 @@ def _read(dev: Device, tick: Tick, gi: int | None, src: Source) -> list[tuple[Ta
             src.buffers.append(buffer)
     if not _sample(dev, gi, src.buffers[src.current]):
         return []
-    previous, src.sampled_ns = src.sampled_ns, tick.mono_ns
-    src.current = 1 - src.current
-    if previous is None or tick.mono_ns - previous < MIN_INTERVAL_NS or not src.targets:
+    previous = src.sampled_ns
+    if previous is not None and tick.mono_ns - previous < MIN_INTERVAL_NS:
+        # Too close to the older sample for a metric: keep the older one; the next tick
+        # samples into this buffer again, until the pair spans the minimum window.
+        return []
+    src.sampled_ns = tick.mono_ns
+    src.current = 1 - src.current  # this sample is the older one of the next pair
+    if previous is None or not src.targets:
         return []
     if src.request is None:
         src.request = _request(src)
@@ -233,6 +244,9 @@ def _attrs(dev: Device, gi: int | None) -> Attributes:
 
 
 def _add(dev: Device, tick: Tick, t: Target, value: float, attrs: Attributes) -> None:
+    if not math.isfinite(value):  # nvmlGpmMetricsGet returns doubles: NaN / Inf happen
+        dev.calls.drop(METRICS, convert.NON_FINITE, detail=f"{t.gpm_name}={value}")
+        return
     if t.rate:
         number, reason = convert.mib_per_s_to_bytes_per_s(value)
     else:

@@ -1,12 +1,13 @@
 """NVLink: data counters of the GPU, and each link's state and error counters.
 
 - ``nvidia.gpu.nvlink.io{network.io.direction}``: ``nvmlDeviceGetFieldValues`` with
-  ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`` / ``_RX``, the GPU's data KiB over all links since
+  ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`` / ``_RX`` and scope id ``UINT_MAX`` (the sum over
+  all links; a scope id below it is one link's counter, nvml.h), the GPU's data KiB since
   the driver was loaded (NVML API reference, field values; nvitop reads the same fields), as
   cumulative monotonic Sums with reset detection, every tick (one call). The first read also
-  asks ``NVML_FI_DEV_NVLINK_LINK_COUNT``, the number of links (a board constant). A GPU
-  without NVLink answers the fields NOT_SUPPORTED once and is not asked again
-  (:mod:`gpumetrics.nvml.fields`).
+  asks ``NVML_FI_DEV_NVLINK_LINK_COUNT``, the number of links (a board constant; 0 on a board
+  without NVLink, which is a fact, not an error). A GPU without NVLink answers the fields
+  NOT_SUPPORTED once and is not asked again (:mod:`gpumetrics.nvml.fields`).
 - Each link is a component of its GPU (semantic conventions, hardware network metrics:
   ``hw.type`` network): ``hw.id`` = ``<GPU UUID>:nvlink:<n>``, ``hw.name`` = ``gpu<i>/nvlink<n>``,
   ``hw.parent`` = the GPU's UUID. Every ``errors_interval_s``:
@@ -50,6 +51,10 @@ from gpumetrics.nvml.device import Device, component_attrs
 from gpumetrics.nvml.fields import Field, read_fields
 
 LINK_COUNT = pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT
+ALL_LINKS = 0xFFFFFFFF
+"""``scopeId`` of an NVLink throughput field asking for the sum over all links (nvml.h: "A
+scopeId of UINT_MAX returns aggregate value summed up across all links"; any other scope is
+one link's counter)."""
 DATA = (
     (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, names.DirectionTransmit),
     (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, names.DirectionReceive),
@@ -84,13 +89,14 @@ def collect_nvlink_io(dev: Device, tick: Tick) -> None:
     need_links = "nvlink_links" not in dev.state and tick.wants(
         names.MetricNetworkUp, names.MetricErrors
     )
-    fields = ([LINK_COUNT] if need_links else []) + ([f for f, _ in DATA] if want_io else [])
+    data: list[Field] = [(f, ALL_LINKS) for f, _ in DATA] if want_io else []
+    fields = ([LINK_COUNT] if need_links else []) + data
     if not fields:
         return
     values = read_fields(dev, tick, "nvlink", fields)
     if LINK_COUNT in values:
         count = int(values[LINK_COUNT])
-        if 0 < count <= MAX_LINKS:
+        if 0 <= count <= MAX_LINKS:  # 0: a board without NVLink (a PCIe card), not an error
             dev.state["nvlink_links"] = count
         else:
             dev.calls.drop(
@@ -98,9 +104,10 @@ def collect_nvlink_io(dev: Device, tick: Tick) -> None:
             )
     counters = counter_set(dev.state, "nvlink_io", f"GPU {dev.uuid} NVLink", tick.ctx.log)
     for field_id, direction in DATA:
-        if field_id not in values:
+        kib = values.get((field_id, ALL_LINKS))
+        if kib is None:
             continue
-        number, reason = convert.kib_to_bytes(int(values[field_id]))
+        number, reason = convert.kib_to_bytes(int(kib))
         if number is None:
             dev.calls.drop("nvmlDeviceGetFieldValues", reason or convert.SENTINEL, detail=direction)
             continue

@@ -1,4 +1,6 @@
-"""Running-process lists (compute, graphics, MPS) → ``nvidia.gpu.process.memory.usage``.
+"""Running-process lists (compute, graphics, MPS) → process memory and per-list counts.
+
+The metrics are ``nvidia.gpu.process.memory.usage`` and ``nvidia.gpu.process.count``.
 
 **Which symbol.** For each list the newest symbol the driver exports is used, decided from the
 symbols probed at init, never from the version number (F04, F05): ``…RunningProcesses_v3``
@@ -27,7 +29,8 @@ for the tick and counted as ``values.dropped{reason=process_struct_mismatch}``, 
 the driver version; device metrics are unaffected.
 
 **Merging.** A pid in several lists (a "C+G" process) is one process; its memory is the first
-known value (compute, graphics, MPS order), so it is never counted twice.
+known value (compute, graphics, MPS order), so it is never counted twice. The per-list count
+(``nvidia.gpu.process.count``) counts each list's entries, so a C+G process is in two.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ from gpumetrics.nvml.query import ErrorKind, QueryError, binding
 from gpumetrics.nvml.records import PROCESS_V2, layout, running_processes
 
 LISTS = ("Compute", "Graphics", "MPSCompute")
+LIST_TYPES = {"Compute": "compute", "Graphics": "graphics", "MPSCompute": "mps"}
+"""Each list's ``nvidia.gpu.process.type``."""
 INSUFFICIENT_SIZE = frozenset({pynvml.NVML_ERROR_INSUFFICIENT_SIZE})
 
 
@@ -304,8 +309,17 @@ def _rows(t: ProcessTable) -> Iterable[ProcessEntry]:
     return (ProcessEntry(*row) for row in zip(*cols, strict=True))
 
 
-def read_processes(dev: Device, tick: Tick) -> ProcessTable | None:
+def read_processes(
+    dev: Device, tick: Tick, counts: dict[str, int] | None = None
+) -> ProcessTable | None:
     """Read, validate and merge every process list of ``dev``.
+
+    Args:
+        dev: the device.
+        tick: the tick.
+        counts: when given, filled with the number of entries of each list read, by
+            ``nvidia.gpu.process.type`` (``compute``, ``graphics``, ``mps``); meaningful only
+            when the result is not None.
 
     Returns:
         One row per pid, or None when no list could be read or this tick's lists were dropped
@@ -326,6 +340,8 @@ def read_processes(dev: Device, tick: Tick) -> ProcessTable | None:
         if raw is None:
             continue
         any_list = True
+        if counts is not None:
+            counts[LIST_TYPES[kind]] = len(raw)
         if not raw:
             continue
         table = _columns(raw, pid_max, total)
@@ -393,6 +409,20 @@ def collect_process_memory(dev: Device, tick: Tick, table: ProcessTable) -> None
 def all_none(column: Sequence[Any]) -> bool:
     """Tell whether every value of ``column`` is None (C-level: a list of Nones)."""
     return not column or (column[0] is None and column.count(None) == len(column))
+
+
+def collect_process_counts(dev: Device, tick: Tick, counts: dict[str, int]) -> None:
+    """Add ``nvidia.gpu.process.count{nvidia.gpu.process.type}``: the entries of each list read.
+
+    A listed process counts whatever NVML reports about it, so one with no memory value and no
+    utilisation sample (WDDM, WSL2: ``usedGpuMemory`` is ``NVML_VALUE_NOT_AVAILABLE``) still
+    shows that the GPU is in use. A list the device cannot read gives no point (never a 0).
+    """
+    if not tick.wants(names.MetricGPUProcessCount):
+        return
+    for label, n in counts.items():
+        attrs = dev.attrs + ((names.AttrGPUProcessType, label),)
+        tick.points.add(names.MetricGPUProcessCount, n, tick.now_ns, attrs, dev.start_ns)
 
 
 def _process_attrs(dev: Device, gi: int | None, ci: int | None) -> Attributes:

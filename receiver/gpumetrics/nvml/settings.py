@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpumetrics.metrics.spec import catalogue
+from gpumetrics.settingsbase import SettingsModel
 
 
-class CollectionSettings(BaseModel):
+class CollectionSettings(SettingsModel):
     """How and how often the collector reads NVML.
 
     Cadences (seconds, measured on the collector's monotonic clock):
@@ -46,6 +47,8 @@ class CollectionSettings(BaseModel):
 
     - ``device_backoff_initial_s`` (2.0) / ``device_backoff_max_s`` (60.0): probes of a failed
       device (GPU lost, handle unavailable, F10/F11); nothing else is called on it meanwhile.
+      The event listener retries a GPU whose registration answered UNKNOWN on the same
+      back-off (real time, per GPU).
     - ``init_backoff_initial_s`` (1.0) / ``init_backoff_max_s`` (30.0): NVML init retries (F14).
     - ``max_version_mismatch_inits`` (5): after this many consecutive inits answering
       LIB_RM_VERSION_MISMATCH the collector requests a non-zero exit (F12), since nvidia-ml-py
@@ -64,8 +67,6 @@ class CollectionSettings(BaseModel):
       it are impossible and dropped.
     - ``proc_root`` (``/proc``): where ``pid_max`` is read.
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     interval_s: float = Field(default=1.0, gt=0, le=3600)
     pcie_interval_s: float = Field(default=10.0, ge=0, le=86400)

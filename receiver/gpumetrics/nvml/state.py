@@ -60,6 +60,11 @@ class Backoff:
         self._delay_ns = 0
         self._next_ns: int | None = None
 
+    @property
+    def next_ns(self) -> int | None:
+        """When the next attempt is due (monotonic ns), or None when nothing failed."""
+        return self._next_ns
+
     def due(self, now_ns: int) -> bool:
         """Return True when an attempt may be made at ``now_ns``."""
         return self._next_ns is None or now_ns >= self._next_ns

@@ -44,7 +44,11 @@ from gpumetrics.nvml.power import (
     collect_power_constraints,
     collect_power_limit,
 )
-from gpumetrics.nvml.processes import collect_process_memory, read_processes
+from gpumetrics.nvml.processes import (
+    collect_process_counts,
+    collect_process_memory,
+    read_processes,
+)
 from gpumetrics.nvml.procutil import collect_process_utilization, read_process_utilization
 from gpumetrics.nvml.query import QueryError
 from gpumetrics.nvml.thermal import collect_temperature
@@ -76,9 +80,11 @@ def _processes(dev: Device, tick: Tick, utilization: bool) -> None:
     if not tick.ctx.settings.process_metrics:
         return
     samples = read_process_utilization(dev, tick) if utilization else None
-    entries = read_processes(dev, tick)
+    counts: dict[str, int] = {}
+    entries = read_processes(dev, tick, counts)
     if entries is not None:
         collect_process_memory(dev, tick, entries)
+        collect_process_counts(dev, tick, counts)
     if samples is not None:
         collect_process_utilization(dev, tick, samples, None if entries is None else entries.keys())
 

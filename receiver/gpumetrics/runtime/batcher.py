@@ -1,11 +1,10 @@
 """The batcher: turns what the collectors recorded into store batches, on a fixed interval.
 
 Runtime contract (``docs/architecture.md``): every ``interval_s`` the batcher calls
-``producer.collect()`` and appends the result to the :class:`~gpumetrics.store.BatchStore`
-(a producer with ``collect_batches(max_bytes)``, as ``gpumetrics.metrics.Producer`` has, gives
-it serialized requests that already fit the store's ``max_batch_bytes``, stored with
-``append_serialized`` without a parse),
-then runs its companions (the GPU events' ``EventProducer.flush_to(log_store)``);
+``producer.collect_parts(max_collection_bytes)`` and appends the parts to the
+:class:`~gpumetrics.store.BatchStore` (``append_parts``); the points of processes the producer
+left out for the budget are charged to the store as drop reason ``max_collection_bytes`` (logged
+once). Then it runs its companions (the GPU events' ``EventProducer.flush_to(log_store)``);
 health turns SERVING after the first batch that **follows** ``Collector.ready`` (the collector
 had completed a whole cycle before that batch's ``collect``). Until then it checks readiness
 every ``ready_poll_s`` so the first batch does not wait a whole interval.
@@ -15,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 __all__ = ["Batcher"]
@@ -24,26 +23,22 @@ log = logging.getLogger(__name__)
 
 
 class _Producer(Protocol):
-    def collect(self) -> Any: ...
+    def collect_parts(self, max_bytes: int = 0) -> Any: ...
 
 
 class _Store(Protocol):
-    def append(self, request: Any) -> int: ...
+    def append_parts(self, parts: Iterable[tuple[bytes, int]]) -> int: ...
 
-    def append_serialized(self, data: bytes, points: int) -> int: ...
-
-    @property
-    def max_batch_bytes(self) -> int: ...
+    def charge_unstored(self, points: int, reason: str) -> None: ...
 
 
 class Batcher:
-    """Moves ``producer.collect()`` into ``store`` every ``interval_s`` seconds.
+    """Moves ``producer.collect_parts()`` into ``store`` every ``interval_s`` seconds.
 
     Args:
-        producer: has ``collect() -> ExportMetricsServiceRequest``, or
-            ``collect_batches(max_bytes) -> [(bytes, points)]`` (preferred when present).
-        store: has ``append(request) -> int``, ``append_serialized(data, points) -> int`` and
-            ``max_batch_bytes``.
+        producer: has ``collect_parts(max_bytes) -> CollectionParts``
+            (:class:`gpumetrics.metrics.producer.CollectionParts`).
+        store: has ``append_parts(parts) -> int`` and ``charge_unstored(points, reason)``.
         interval_s: seconds between batches.
         collector_ready: set by the collector after its first complete cycle.
         on_ready: called once, after the first batch that follows ``collector_ready``.
@@ -54,6 +49,8 @@ class Batcher:
         companions: more batches made with each one: ``companion(final)`` is called after the
             metric batch (``final`` is True for the last batch at shutdown); an exception is
             logged and does not stop the others.
+        max_collection_bytes: the budget of one collection (By, serialized; 0 = none): the
+            producer leaves out the processes beyond it (``store.max_collection_bytes``).
 
     """
 
@@ -68,6 +65,7 @@ class Batcher:
         ready_poll_s: float = 0.05,
         after_batch: Callable[[], object] = lambda: None,
         companions: Sequence[Callable[[bool], object]] = (),
+        max_collection_bytes: int = 0,
     ) -> None:
         self._producer = producer
         self._store = store
@@ -79,6 +77,8 @@ class Batcher:
         self._ready_poll_s = ready_poll_s
         self._after_batch = after_batch
         self._companions = tuple(companions)
+        self._max_collection_bytes = max_collection_bytes
+        self._over_budget_logged = False
         self._announced = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -98,17 +98,16 @@ class Batcher:
         """
         with self._lock:
             was_ready = self._collector_ready.is_set()
+            collection = self._producer.collect_parts(self._max_collection_bytes)
+            if collection.dropped_points:
+                self._over_budget(collection)
             seq = None
-            batches = getattr(self._producer, "collect_batches", None)
-            if batches is not None:
-                for data, points in batches(self._store.max_batch_bytes):
-                    seq = self._store.append_serialized(data, points)
-            else:
-                request = self._producer.collect()
-                if len(request.resource_metrics):
-                    seq = self._store.append(request)
-            if seq is not None:
+            if collection.parts:
+                seq = self._store.append_parts(collection.parts)
                 self.batches += 1
+            # stored: the collection's bytes go before the companions build theirs, so the two
+            # batches under construction are never held at once (docs/deployment.md, "Memory")
+            del collection
             if was_ready and not self._announced:
                 self._announced = True
                 log.debug("first collection stored: ready", extra={"sequence": seq})
@@ -120,6 +119,20 @@ class Batcher:
                     log.exception("companion batch failed")
             self._after_batch()
             return seq
+
+    def _over_budget(self, collection: Any) -> None:
+        self._store.charge_unstored(collection.dropped_points, "max_collection_bytes")
+        level = logging.DEBUG if self._over_budget_logged else logging.WARNING
+        self._over_budget_logged = True
+        log.log(
+            level,
+            "a collection exceeded store.max_collection_bytes (%d bytes): %d process "
+            "resource(s) with %d data points left out, counted as drop reason "
+            "max_collection_bytes (logged once)",
+            self._max_collection_bytes,
+            collection.dropped_resources,
+            collection.dropped_points,
+        )
 
     def _next_wait(self) -> float:
         if self._announced:

@@ -25,11 +25,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
+import gpumetrics
 from gpumetrics.config import ConfigError, SidecarConfig
 from gpumetrics.config.model import batch_cap
 from gpumetrics.events import EventProducer
@@ -38,8 +40,10 @@ from gpumetrics.identity import (
     IdentityMode,
     ProcfsReader,
     check_profiler_mode_rules,
+    is_observed_key,
     load_relabel_configs,
     new_process_resourcer,
+    process_observer,
 )
 from gpumetrics.metrics import Producer
 from gpumetrics.nvml.context import DEFAULT_PID_MAX
@@ -53,8 +57,15 @@ from gpumetrics.runtime.simulation import (
 from gpumetrics.runtime.summary import NvmlFacts, StartupSummary
 from gpumetrics.selftelemetry import SelfTelemetry, Telemetry, WithAttributes
 from gpumetrics.service import ListenError, ServerSettings, SidecarHealth, SidecarServer
+from gpumetrics.service.declarers import Observation
 from gpumetrics.service.errors import SettingError
-from gpumetrics.store import BatchStore
+from gpumetrics.store import (
+    BatchStore,
+    SqliteJournal,
+    StorePathError,
+    StoreRefusedError,
+    signals,
+)
 
 if TYPE_CHECKING:  # imported where they are configured: an idle subsystem costs no memory
     from gpumetrics.kubernetes.attribution import PodAttribution
@@ -190,11 +201,14 @@ class Sidecar:
             # before anything can load the real library
             self._owns_simulation = simulate(config.runtime.simulate) is True
             config = self.config = _simulated_node_config(config)
+        self._opened: list[BatchStore] = []
         try:
             self.parts = self._build(
                 config, server_settings or config.server, collector_factory, batch_wait, env
             )
         except BaseException:
+            for opened in self._opened:
+                opened.close()  # its file, and the file's lock
             self._uninstall_simulation()  # leave pynvml as this sidecar found it
             raise
 
@@ -243,6 +257,9 @@ class Sidecar:
             host_name=ident.host_name,
             read_process_context=ident.read_process_context,
             mode=ident.mode,
+            limits=ident.resource_limits.limits(),
+            cache_max_bytes=ident.resource_limits.cache_max_bytes,
+            telemetry=telemetry,
         )
         host_attributes = _host_attributes(config, node, in_k8s)
         producer = Producer(
@@ -256,17 +273,32 @@ class Sidecar:
         if config.kubernetes.enabled(in_k8s):
             from gpumetrics.kubernetes.attribution import PodAttribution  # only in Kubernetes
 
-            attribution = PodAttribution(config.kubernetes, telemetry)
+            attribution = PodAttribution(config.kubernetes, telemetry, node_name=node)
             producer.set_device_attribution(attribution)
-        store = BatchStore(
-            config.store.limits(),
-            telemetry=telemetry,
-            max_batch_bytes=batch_cap(server_settings, config.push),
-        )
-        events, logs_store = _events(config, host_attributes, telemetry)
+        cap = batch_cap(server_settings, config.push)
+        with _store_setting():
+            store = BatchStore(
+                config.store.limits(),
+                telemetry=telemetry,
+                max_batch_bytes=cap,
+                journal=_journal(config, node, signals.METRICS),
+            )
+            self._opened.append(store)
+            events, logs_store = _events(config, host_attributes, telemetry, cap, node)
+            if logs_store is not None:
+                self._opened.append(logs_store)
         try:
             server = SidecarServer(
-                server_settings, store, declared, health, telemetry, logs_store=logs_store
+                server_settings,
+                store,
+                declared,
+                health,
+                telemetry,
+                logs_store=logs_store,
+                proc_root=ident.proc_root,
+                observation=Observation(
+                    is_observed_key, process_observer(ident.proc_root, ident.host_pid_namespace)
+                ),
             )
         except SettingError as exc:
             raise ConfigError.setting(f"server.{exc.setting}", exc.reason) from None
@@ -287,6 +319,7 @@ class Sidecar:
             batch_wait,
             companions=companions,
             after_batch=liveness.check,
+            max_collection_bytes=config.store.max_collection_bytes,
         )
         push = push_logs = None
         if config.push.endpoint:
@@ -356,8 +389,15 @@ class Sidecar:
             driver_version=getattr(collector, "driver_version", None),
             gpus=len(devices()) if callable(devices) else None,
         )
+        store = None
+        if self.config.store.path:
+            p = self.parts
+            states = [f"metrics {p.store.durable_state}"]
+            if p.logs_store is not None:
+                states.append(f"logs {p.logs_store.durable_state}")
+            store = f"{self.config.store.path} ({', '.join(states)})"
         return StartupSummary.build(
-            server.settings, server.addresses, self.config_file, self.relabel_rules, nvml
+            server.settings, server.addresses, self.config_file, self.relabel_rules, nvml, store
         )
 
     def _ready(
@@ -438,6 +478,9 @@ class Sidecar:
             p.push_logs.shutdown(flush_timeout_s=left(0.3))
         if p.push is not None:
             p.push.shutdown(flush_timeout_s=left(1.0))
+        for store in (p.store, p.logs_store):
+            if store is not None:
+                store.close()  # after the last batch and the last push: all of it is on disk
         self._uninstall_simulation()  # after nvmlShutdown
         log.log(level, "stopped", extra={"clean": clean})
         return clean
@@ -450,19 +493,51 @@ class Sidecar:
 
 
 def _events(
-    config: SidecarConfig, host_attributes: dict[str, Any], telemetry: Telemetry
+    config: SidecarConfig,
+    host_attributes: dict[str, Any],
+    telemetry: Telemetry,
+    max_batch_bytes: int,
+    node: str,
 ) -> tuple[EventProducer | None, BatchStore | None]:
     """Build the GPU events' producer and log store, or (None, None) when events are disabled.
 
-    The log store has its own size limits (``events.max_*``) and the metric store's consumer
-    limits; its self-telemetry carries ``signal=logs``.
+    The log store has its own size limits (``events.max_*``), the metric store's consumer
+    limits and batch size (so a PullLogs answer and a push export carry any batch; a larger
+    log batch is split by log records), and its own file in ``store.path``; its
+    self-telemetry carries ``signal=logs``.
     """
     if not config.events.enabled:
         return None, None
     logs_store = BatchStore(
-        config.log_store_limits(), telemetry=WithAttributes(telemetry, {"signal": "logs"})
+        config.log_store_limits(),
+        telemetry=WithAttributes(telemetry, {"signal": "logs"}),
+        max_batch_bytes=max_batch_bytes,
+        signal=signals.LOGS,
+        journal=_journal(config, node, signals.LOGS),
     )
     return EventProducer(config.events, host_attributes, telemetry), logs_store
+
+
+def _journal(config: SidecarConfig, node: str, signal: signals.Signal) -> SqliteJournal | None:
+    """Return the store's file in ``store.path`` (None: memory only)."""
+    if not config.store.path:
+        return None
+    return SqliteJournal.in_directory(
+        config.store.path, signal=signal.name, node=node, written_by=gpumetrics.__version__
+    )
+
+
+@contextmanager
+def _store_setting() -> Iterator[None]:
+    """Report a foreign store file or a bad path as a configuration error of ``store.path``.
+
+    A file of another node, signal or format, or a path that is not a directory, is one line
+    naming it; the file is left as it is.
+    """
+    try:
+        yield
+    except (StoreRefusedError, StorePathError) as exc:
+        raise ConfigError.setting("store.path", str(exc)) from None
 
 
 def _flush_events(events: EventProducer, store: BatchStore, final: bool) -> None:

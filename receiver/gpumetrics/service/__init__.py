@@ -4,7 +4,9 @@ One module per service (style item 14): :mod:`.pull` (``MetricsPullService``),
 :mod:`.logs_pull` (``LogsPullService``, GPU events), :mod:`.profiler`
 (``ProfilerIntegrationService``), :mod:`.health`; plus :mod:`.auth` (bearer tokens),
 :mod:`.gate` (the interceptor: tokens, stream slots, malformed requests), :mod:`.tls`,
-:mod:`.settings` (``ServerSettings``) and :mod:`.server` (``SidecarServer``).
+:mod:`.peercred` (``SO_PEERCRED`` of unix-socket callers, through a relay), :mod:`.declarers`
+(who may declare which process), :mod:`.settings` (``ServerSettings``) and :mod:`.server`
+(``SidecarServer``).
 """
 
 from gpumetrics.service.auth import AuthPolicy, TokenAuth, read_token_file

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import grpc
 
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
+from gpumetrics.service.declarers import Caller, DeclarePolicy
 from gpumetrics.service.settings import DEFAULT_MAX_ENTRIES
 from gpumetrics.v1 import profiler_pb2, profiler_pb2_grpc
 
@@ -48,8 +49,9 @@ _DECLARER_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 _INDEX_RE = re.compile(r"\[\d+\]")
 _LOGGED_FIELDS_MAX = 64
 
-DeclarationArgs = tuple[int, int, bytes, Sequence[tuple[str, bytes]], bytes]
-"""``(pid, start_time_ticks, process_context, environment, profiler_resource)``."""
+DeclarationArgs = tuple[int, int, bytes, Sequence[tuple[str, bytes]], bytes, str]
+"""``(pid, start_time_ticks, process_context, environment, profiler_resource,
+profiler_resource_schema_url)``."""
 
 
 class DeclaredStoreAPI(Protocol):
@@ -63,6 +65,7 @@ class DeclaredStoreAPI(Protocol):
         environment: Sequence[tuple[str, bytes]],
         profiler_resource: bytes,
         declarer: str = "",
+        schema_url: str = "",
     ) -> object:
         """Hold one declaration; raise ``ValueError`` with ``.field`` when it is rejected."""
 
@@ -100,7 +103,14 @@ class DeclaredStoreAPI(Protocol):
 
 def _args(d: profiler_pb2.ProcessDeclaration) -> DeclarationArgs:
     env = [(e.name, e.value) for e in d.environment]
-    return (d.pid, d.start_time_ticks, d.process_context, env, d.profiler_resource)
+    return (
+        d.pid,
+        d.start_time_ticks,
+        d.process_context,
+        env,
+        d.profiler_resource,
+        d.profiler_resource_schema_url,
+    )
 
 
 _IDENTITY_KEYS = (
@@ -169,6 +179,9 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
         telemetry: counts ``gpumetrics.declarations.rejected{field}`` (field without indices,
             e.g. ``environment[].name``) and sets the gauge ``gpumetrics.declarations``.
         max_entries: most declarations or exits in one unary request (>= 1).
+        policy: who may declare which process (:mod:`gpumetrics.service.declarers`); the
+            default knows no relay, so a unix-socket peer is refused and TCP callers (checked
+            by the server interceptor) are trusted.
 
     Raises:
         ValueError: ``max_entries`` below 1.
@@ -180,12 +193,14 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
         declared: DeclaredStoreAPI,
         telemetry: SelfTelemetry = NO_TELEMETRY,
         max_entries: int = DEFAULT_MAX_ENTRIES,
+        policy: DeclarePolicy | None = None,
     ) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries: must be >= 1, got {max_entries}")
         self._declared = declared
         self._telemetry = telemetry
         self._max_entries = max_entries
+        self._policy = policy if policy is not None else DeclarePolicy(telemetry=telemetry)
         self._logged_lock = threading.Lock()
         self._logged: set[str] = set()
 
@@ -194,27 +209,42 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
     def DeclareProcesses(  # noqa: N802
         self, request: profiler_pb2.DeclareProcessesRequest, context: Any
     ) -> profiler_pb2.DeclareProcessesResponse:
-        """Declare a batch (``replace_all``: the declarer's complete view)."""
+        """Declare a batch (``replace_all``: the declarer's complete view).
+
+        Entries the caller may not declare (:class:`~gpumetrics.service.declarers.DeclarePolicy`)
+        are rejected, naming why, and are not part of the complete view.
+        """
         self._check_count(context, "processes", len(request.processes))
-        declarer = declarer_of(context)
+        caller = self._caller(context)
         rejected: list[profiler_pb2.Rejection] = []
         processes = request.processes
 
         def reject(i: int, exc: Any) -> None:
             rejected.append(self._rejection(i, processes[i].pid, f"processes[{i}]", exc))
 
+        allowed = []
+        for i, d in enumerate(processes):
+            try:
+                self._policy.check_declare(caller, d.pid, d.profiler_resource)
+            except ValueError as exc:
+                reject(i, exc)
+            else:
+                allowed.append(i)
         released = 0
         if request.replace_all:
             released = self._declared.replace_all(
-                declarer, (_args(d) for d in processes), on_error=reject
+                caller.declarer,
+                (_args(processes[i]) for i in allowed),
+                on_error=lambda j, exc: reject(allowed[j], exc),
             )
         else:
-            for i, d in enumerate(processes):
+            for i in allowed:
                 try:
-                    self._declared.declare(*_args(d), declarer=declarer)
+                    self._declare(processes[i], caller.declarer)
                 except ValueError as exc:
                     reject(i, exc)
         self._publish()
+        rejected.sort(key=lambda r: r.index)
         return profiler_pb2.DeclareProcessesResponse(
             accepted=len(processes) - len(rejected), rejected=rejected, released=released
         )
@@ -224,10 +254,12 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
     ) -> profiler_pb2.ReportExitsResponse:
         """Release the declarations of exited processes."""
         self._check_count(context, "exits", len(request.exits))
+        caller = self._caller(context)
         released = 0
         rejected = []
         for i, e in enumerate(request.exits):
             try:
+                self._policy.check_exit(caller, e.pid)
                 released += self._declared.exit(e.pid, e.start_time_ticks)
             except ValueError as exc:
                 rejected.append(self._rejection(i, e.pid, f"exits[{i}]", exc))
@@ -247,31 +279,34 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
         it abandons it (``DeclaredStore.abort_resync``): nothing is released, and the agent's
         next ``ResyncBegin`` starts afresh.
         """
-        declarer = declarer_of(context)
-        stream = _StreamResync(self._declared, declarer)
+        caller = self._caller(context)
+        stream = _StreamResync(self._declared, caller.declarer)
         try:
             for event in request_iterator:
-                yield self._apply(event, declarer, stream)
+                yield self._apply(event, caller, stream)
                 self._publish()
         finally:
             stream.abandon()
 
     def _apply(
-        self, event: profiler_pb2.StreamDeclarationsRequest, declarer: str, stream: _StreamResync
+        self, event: profiler_pb2.StreamDeclarationsRequest, caller: Caller, stream: _StreamResync
     ) -> profiler_pb2.StreamDeclarationsResponse:
         kind = event.WhichOneof("event")
         resp = profiler_pb2.StreamDeclarationsResponse
         try:
             if kind == "declare":
-                self._declared.declare(*_args(event.declare), declarer=declarer)
+                d = event.declare
+                self._policy.check_declare(caller, d.pid, d.profiler_resource)
+                self._declare(d, caller.declarer)
             elif kind == "exit":
+                self._policy.check_exit(caller, event.exit.pid)
                 self._declared.exit(event.exit.pid, event.exit.start_time_ticks)
             elif kind == "resync_begin":
                 stream.begin()
             elif kind == "resync_end":
                 return resp(accepted=True, released=stream.end())
             elif kind == "declare_batch":
-                return self._declare_batch(event.declare_batch.processes, declarer)
+                return self._declare_batch(event.declare_batch.processes, caller)
             else:
                 return resp(
                     rejection=self._rejection(
@@ -287,13 +322,21 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
             return resp(rejection=self._rejection(0, pid, prefix, exc))
         return resp(accepted=True)
 
+    def _declare(self, d: profiler_pb2.ProcessDeclaration, declarer: str) -> None:
+        pid, start, ctx, env, res, schema_url = _args(d)
+        self._declared.declare(pid, start, ctx, env, res, declarer, schema_url)
+
     def _declare_batch(
-        self, processes: Sequence[profiler_pb2.ProcessDeclaration], declarer: str
+        self, processes: Sequence[profiler_pb2.ProcessDeclaration], caller: Caller
     ) -> profiler_pb2.StreamDeclarationsResponse:
         """Apply one ``DeclareBatch``: each entry as a ``declare`` event; one answer for all.
 
-        More than ``max_entries`` entries is refused whole (field ``declare_batch.processes``,
-        nothing applied); the stream goes on.
+        Each entry is checked as a ``declare`` event is (the caller's
+        :class:`~gpumetrics.service.declarers.DeclarePolicy`, then the declared store) and
+        rejected on its own, naming ``declare_batch.processes[i]``. More than ``max_entries``
+        entries is refused whole (field ``declare_batch.processes``, nothing applied); the
+        stream goes on. (A batch of more repeated elements than ``server.max_request_elements``
+        never gets here: the server refuses it before parsing, ``gpumetrics.service.wirecount``.)
         """
         resp = profiler_pb2.StreamDeclarationsResponse
         n = len(processes)
@@ -305,10 +348,11 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
             )
             return resp(rejection=self._rejection(0, 0, "", problem))
         rejections = []
-        declare = self._declared.declare
+        check = self._policy.check_declare
         for i, d in enumerate(processes):
             try:
-                declare(*_args(d), declarer=declarer)
+                check(caller, d.pid, d.profiler_resource)
+                self._declare(d, caller.declarer)
             except ValueError as exc:
                 rejections.append(self._rejection(i, d.pid, f"declare_batch.processes[{i}]", exc))
         return resp(accepted=not rejections, declared=n - len(rejections), rejections=rejections)
@@ -318,6 +362,9 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
         self._telemetry.set("gpumetrics.declarations.bytes", self._declared.held_bytes)
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _caller(self, context: Any) -> Caller:
+        return self._policy.caller(context, declarer_of(context))
 
     def _check_count(self, context: Any, field: str, n: int) -> None:
         if n > self._max_entries:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from gpumetrics.settingsbase import SettingsModel
 
 __all__ = ["PushSettings"]
 
 
-class PushSettings(BaseModel):
+class PushSettings(SettingsModel):
     """Push exporter settings (YAML section ``push``). Push is off while ``endpoint`` is unset.
 
     Attributes:
@@ -31,8 +33,6 @@ class PushSettings(BaseModel):
             limit most collectors keep.
 
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     endpoint: str | None = None
     insecure: bool = False

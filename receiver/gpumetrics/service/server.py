@@ -10,9 +10,22 @@ port of a server:
 * **profiler** (``profiler_listen``, optional): ``ProfilerIntegrationService``, health, reflection;
 * **health** (``health_listen``, optional): ``grpc.health.v1.Health`` only, plaintext, no tokens.
 
-Each of the first two has a thread pool of ``unary_workers`` threads for unary calls, and a
-:class:`~gpumetrics.service.gate.Gatekeeper` (tokens, per-service stream slots on threads of
-their own, malformed requests).
+The first two share one budget of calls being read, whatever the number of listeners: one
+thread pool of ``unary_workers`` threads for their unary calls (grpcio's server never shuts down
+a pool it was given: ``grpc._server`` only submits to it, so the sidecar shuts it down once both
+servers have stopped), and one :class:`~gpumetrics.service.gate.StreamTable` of per-service
+stream slots on threads of their own, which their
+:class:`~gpumetrics.service.gate.Gatekeeper` s (tokens, stream slots, malformed and oversized
+requests) share. HTTP/2 BDP probing is off on every server (``grpc.http2.bdp_probe``), so the
+request of a call that waits for a thread stays unread beyond the 64 KiB stream window: with
+it on, gRPC core widens the window and buffers the whole message of every queued call (4 MiB
+each, measured), however few threads read. The health listener keeps two threads of its own, so
+probes are answered while the others are busy.
+
+A unix socket that serves the profiler service is fronted by a
+:class:`~gpumetrics.service.peercred.PeerCredRelay`: the relay owns the configured socket,
+records each connection's ``SO_PEERCRED`` and relays it to the server's private socket, so the
+profiler servicer knows each caller's uid (:mod:`gpumetrics.service.declarers`).
 Collaborators are passed in; nothing is global, so tests and the go-plugin mode build their own.
 """
 
@@ -26,6 +39,7 @@ import os
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -35,8 +49,9 @@ from grpc_health.v1 import health_pb2_grpc
 
 from gpumetrics.selftelemetry import NO_TELEMETRY, SelfTelemetry
 from gpumetrics.service.auth import AuthPolicy, TokenAuth, read_token_file
+from gpumetrics.service.declarers import DeclarePolicy, Observation
 from gpumetrics.service.errors import SettingError
-from gpumetrics.service.gate import Gatekeeper
+from gpumetrics.service.gate import Gatekeeper, StreamTable, join_pool
 from gpumetrics.service.health import SidecarHealth
 from gpumetrics.service.inflight import InflightBudget
 from gpumetrics.service.logs_pull import LogsPullServicer
@@ -48,11 +63,13 @@ from gpumetrics.service.names import (
     REFLECTION_SERVICE,
     REFLECTION_V1_SERVICE,
 )
+from gpumetrics.service.peercred import ConnectionLimit, PeerCredentials, PeerCredRelay
 from gpumetrics.service.profiler import DeclaredStoreAPI, ProfilerServicer
 from gpumetrics.service.pull import PullServicer, add_pull_servicer
 from gpumetrics.service.settings import (
     ListenAddress,
     ServerSettings,
+    default_profiler_socket,
     parse_listen_address,
 )
 from gpumetrics.service.tls import server_credentials
@@ -70,6 +87,12 @@ _BASE_POLICIES = {
     REFLECTION_V1_SERVICE: AuthPolicy.ANY,
 }
 _HEALTH_WORKERS = 2
+_SAME_SLOTS = {REFLECTION_V1_SERVICE: REFLECTION_SERVICE}
+"""Services whose streams count against another's slots: reflection v1 is v1alpha's servicer."""
+
+JOIN_TIMEOUT_S = 1.0
+"""The most :meth:`SidecarServer.stop` waits, after the servers stopped, for their call threads
+to end (they end as soon as their cancelled calls return)."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +113,7 @@ class _Group:
 
     role: str
     server: grpc.Server
-    gate: Gatekeeper | None
+    gate: Gatekeeper
     services: list[str]
     bound: list[str] = field(default_factory=list)
     sockets: list[str] = field(default_factory=list)
@@ -107,9 +130,14 @@ class SidecarServer:
         telemetry: self-telemetry for the store-facing servicers and the gatekeepers.
         logs_store: the log store of GPU events, served by ``LogsPullService``; None: not
             served (the service answers UNIMPLEMENTED).
+        proc_root: where the owner of a declared pid is read (``identity.proc_root``).
+        observation: the identity package's view of a process, for the declarations of peers
+            that are not trusted (:class:`~gpumetrics.service.declarers.Observation`); None:
+            such a peer's resource may hold only its own ``process.pid``.
 
     Raises:
-        SettingError: naming the setting when a token or TLS file cannot be used.
+        SettingError: naming the setting when a token or TLS file cannot be used, or a
+            ``trusted_declarer_gids`` group does not exist.
 
     Lifecycle: ``add_service``/``add_listener`` (optional) → :meth:`start` → :meth:`stop`.
 
@@ -123,6 +151,8 @@ class SidecarServer:
         health: SidecarHealth,
         telemetry: SelfTelemetry = NO_TELEMETRY,
         logs_store: BatchStore | None = None,
+        proc_root: str = "/proc",
+        observation: Observation | None = None,
     ) -> None:
         self.settings = settings
         self.health = health
@@ -149,7 +179,33 @@ class SidecarServer:
             max_bytes_limit=settings.pull_max_bytes,
             budget=budget,
         )
-        profiler = ProfilerServicer(declared, telemetry, settings.max_declarations_per_request)
+        self._relays: list[PeerCredRelay] = []
+        self._relay_limit = ConnectionLimit()  # every relayed socket together
+        # One budget of calls being read for the main and profiler servers together.
+        self._pool = futures.ThreadPoolExecutor(
+            max_workers=settings.unary_workers, thread_name_prefix="grpc-unary"
+        )
+        self._streams = StreamTable(settings.max_streams, _SAME_SLOTS)
+        self._health_pool = futures.ThreadPoolExecutor(
+            max_workers=_HEALTH_WORKERS, thread_name_prefix="grpc-health"
+        )
+        self._health_streams = StreamTable(1)
+        self._socket_gid = _group_id(settings.unix_socket_group, "unix_socket_group")
+        trusted_gids = [
+            _group_id(g, f"trusted_declarer_gids[{i}]")
+            for i, g in enumerate(settings.trusted_declarer_gids)
+        ]
+        policy = DeclarePolicy(
+            self._peer,
+            settings.trusted_declarer_uids,
+            [g for g in trusted_gids if g is not None],
+            proc_root=proc_root,
+            observation=observation,
+            telemetry=telemetry,
+        )
+        profiler = ProfilerServicer(
+            declared, telemetry, settings.max_declarations_per_request, policy
+        )
 
         self._main = self._group("listen")
         add_pull_servicer(pull, self._main.server)
@@ -186,19 +242,31 @@ class SidecarServer:
             ("grpc.so_reuseport", 0),  # a second server on the same port fails instead of sharing
             ("grpc.keepalive_time_ms", int(s.keepalive_time_s * 1000)),
             ("grpc.keepalive_timeout_ms", 20_000),
+            # a queued call's request waits in its 64 KiB stream window (see the module docstring)
+            ("grpc.http2.bdp_probe", 0),
         ]
 
     def _group(self, role: str, health_only: bool = False) -> _Group:
         s = self.settings
-        streams = 1 if health_only else s.max_streams
-        workers = _HEALTH_WORKERS if health_only else s.unary_workers
-        policies = {HEALTH_SERVICE: AuthPolicy.NONE} if health_only else _BASE_POLICIES
-        gate = Gatekeeper(self._auth, policies, streams, self._telemetry, name=role)
+        if health_only:
+            gate = Gatekeeper(
+                self._auth, {HEALTH_SERVICE: AuthPolicy.NONE}, self._health_streams, self._telemetry
+            )
+            pool, most = self._health_pool, 4 * _HEALTH_WORKERS
+        else:
+            gate = Gatekeeper(
+                self._auth,
+                _BASE_POLICIES,
+                self._streams,
+                self._telemetry,
+                max_elements=s.max_request_elements,
+            )
+            pool, most = self._pool, s.max_concurrent_rpcs
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"grpc-{role}"),
+            pool,
             interceptors=[gate],
             options=self._options(health_only),
-            maximum_concurrent_rpcs=4 * workers if health_only else s.max_concurrent_rpcs,
+            maximum_concurrent_rpcs=most,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
         return _Group(role, server, gate, [HEALTH_SERVICE])
@@ -228,8 +296,7 @@ class SidecarServer:
             register(self._main.server)
             for name in service_names:
                 self._main.services.append(name)
-                if self._main.gate is not None:
-                    self._main.gate.set_policy(name, policy)
+                self._main.gate.set_policy(name, policy)
 
     def add_listener(self, address: str, role: str = "listen") -> str:
         """Bind one more listener of ``role`` (``listen`` or ``profiler_listen``) now.
@@ -264,19 +331,34 @@ class SidecarServer:
             reason = str(exc).split(";", 1)[0]  # the rest is grpc's GRPC_VERBOSITY hint
             raise ListenError(field, f"cannot listen on {addr.text}: {reason}") from None
 
+    def _serves_profiler(self, group: _Group) -> bool:
+        return group is self._profiler or (group is self._main and self._profiler is None)
+
+    def _peer(self, peer: str) -> PeerCredentials | None:
+        for relay in self._relays:
+            creds = relay.lookup(peer)
+            if creds is not None:
+                return creds
+        return None
+
     def _bind_one(self, group: _Group, addr: ListenAddress, field: str) -> str:
         target = addr.bind_target()
         if addr.kind == "unix":
             parent = os.path.dirname(addr.path)
+            if addr.path == default_profiler_socket():
+                _make_runtime_dir(parent, field)
             if not os.path.isdir(parent):
                 raise SettingError(field, f"directory {parent!r} does not exist")
             _claim_socket_path(addr.path, field)
-            old = os.umask(0o177)  # process-wide, but only at start-up: never wider than 0600
-            try:
-                group.server.add_insecure_port(target)
-            finally:
-                os.umask(old)
-            self._secure_socket(addr.path, field)
+            if self._serves_profiler(group):
+                self._bind_relayed(group, addr.path, field)
+            else:
+                old = os.umask(0o177)  # process-wide, but only at start-up: never wider than 0600
+                try:
+                    group.server.add_insecure_port(target)
+                finally:
+                    os.umask(old)
+                self._secure_socket(addr.path, field)
             group.sockets.append(addr.path)
             port = 0
         else:
@@ -289,15 +371,37 @@ class SidecarServer:
         group.bound.append(dial)
         return dial
 
+    def _bind_relayed(self, group: _Group, path: str, field: str) -> None:
+        """Bind ``path`` through a :class:`PeerCredRelay` (its peers' credentials are known)."""
+        try:
+            relay = PeerCredRelay(
+                path,
+                self.settings.unix_socket_mode,
+                self._socket_gid,
+                telemetry=self._telemetry,
+                limit=self._relay_limit,
+            )
+        except OSError as exc:
+            raise ListenError(
+                field, f"cannot listen on unix:{path}: {exc.strerror or exc}"
+            ) from None
+        self._relays.append(relay)
+        old = os.umask(0o177)
+        try:
+            group.server.add_insecure_port(relay.target)
+        finally:
+            os.umask(old)
+        log.debug("%s: unix socket %s (peer credentials) mode %o", field, path,
+                  stat.S_IMODE(os.stat(path).st_mode))  # fmt: skip
+
     def _secure_socket(self, path: str, role: str) -> None:
-        group = self.settings.unix_socket_group
-        if group is not None:
+        if self._socket_gid is not None:
             try:
-                gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
-                os.chown(path, -1, gid)
-            except (KeyError, OSError) as exc:
+                os.chown(path, -1, self._socket_gid)
+            except OSError as exc:
                 raise SettingError(
-                    "unix_socket_group", f"cannot give {path!r} to {group!r}: {exc}"
+                    "unix_socket_group",
+                    f"cannot give {path!r} to {self.settings.unix_socket_group!r}: {exc}",
                 ) from None
         os.chmod(path, self.settings.unix_socket_mode)
         log.debug("%s: unix socket %s mode %o", role, path, stat.S_IMODE(os.stat(path).st_mode))
@@ -326,9 +430,10 @@ class SidecarServer:
             except BaseException:
                 self._stopped = True
                 for g in self._groups():
-                    g.server.stop(0)
-                    if g.gate is not None:
-                        g.gate.close()
+                    g.server.stop(0).wait()  # before their pools are shut down
+                for relay in self._relays:
+                    relay.stop()
+                self._release_threads(time.monotonic() + JOIN_TIMEOUT_S)
                 self._remove_sockets()
                 raise
             self._started = True
@@ -355,12 +460,16 @@ class SidecarServer:
                     enable_reflection(g.server, g.services)
         for g in self._groups():
             g.server.start()
+        for relay in self._relays:
+            relay.start()
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving: health NOT_SERVING first, then stop accepting, then finish or cancel.
 
         Calls in flight get ``grace`` seconds (None: wait for all) before they are cancelled; the
-        health-only listener stops last so probes see NOT_SERVING until the end. Unix socket
+        health-only listener stops last so probes see NOT_SERVING until the end. Then the
+        threads of every call pool (unary and streams) are joined, for at most
+        :data:`JOIN_TIMEOUT_S` more, so a stopped server leaves no thread running. Unix socket
         files are removed. Idempotent; safe before :meth:`start`.
         """
         with self._lock:
@@ -368,15 +477,32 @@ class SidecarServer:
                 return
             self._stopped = True
         self.health.enter_graceful_shutdown()
+        for relay in self._relays:
+            relay.stop_accepting()  # like the servers: no new connection, calls in flight go on
         events = [g.server.stop(grace) for g in (self._main, self._profiler) if g is not None]
         for event in events:
             event.wait()
+        for relay in self._relays:
+            relay.stop()
         if self._health_only is not None:
             self._health_only.server.stop(0).wait()
-        for g in self._groups():
-            if g.gate is not None:
-                g.gate.close()
+        self._release_threads(time.monotonic() + JOIN_TIMEOUT_S)
         self._remove_sockets()
+
+    def _release_threads(self, deadline: float | None) -> bool:
+        """End the pools' threads once their calls have (every server has stopped).
+
+        A stopped grpc.Server leaves its pool alone (``grpc._server`` never shuts it down), so
+        the pools shared by the main and profiler servers are shut here, after both, and their
+        threads joined by ``deadline`` (``time.monotonic()``; None: not waited for).
+
+        Returns:
+            True when every pool and stream thread has ended.
+
+        """
+        ended = [join_pool(pool, deadline) for pool in (self._pool, self._health_pool)]
+        ended += [t.close(deadline) for t in (self._streams, self._health_streams)]
+        return all(ended)
 
     def _remove_sockets(self) -> None:
         for g in self._groups():
@@ -408,15 +534,12 @@ class SidecarServer:
             False when ``timeout`` seconds passed first.
 
         """
-        gates = [g.gate for g in (self._main, self._profiler) if g is not None and g.gate]
-        return all(gate.wait_streams_closed(timeout) for gate in gates)
+        return self._streams.wait_closed(timeout)
 
     @property
     def open_streams(self) -> int:
         """Streaming calls open now on the main and profiler listeners."""
-        return sum(
-            g.gate.open_streams for g in (self._main, self._profiler) if g is not None and g.gate
-        )
+        return self._streams.open
 
 
 class ListenError(RuntimeError):
@@ -434,6 +557,58 @@ class ListenError(RuntimeError):
         self.setting = setting
         self.reason = reason
         super().__init__(f"'{setting}': {reason}")
+
+
+def _group_id(group: int | str | None, field: str) -> int | None:
+    """Return the gid of a group given by number or name (None stays None).
+
+    Raises:
+        SettingError: naming ``field`` when no group has that name.
+
+    """
+    if group is None:
+        return None
+    if isinstance(group, int):
+        return group
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise SettingError(field, f"no group named {group!r}") from None
+
+
+def _make_runtime_dir(path: str, field: str) -> None:
+    """Make the default socket's directory (:func:`default_profiler_socket`) if it is missing.
+
+    ``/run/gpumetrics`` gets mode 0711 (as containerd's ``/run/containerd``): anyone may pass
+    through to the socket, whose own mode decides who may connect. A per-user directory
+    (``$XDG_RUNTIME_DIR/gpumetrics``, ``/tmp/gpumetrics-<uid>``) gets 0700. One in ``/tmp``
+    that exists already must be this user's and writable by nobody else: another user could
+    have made it first.
+
+    Raises:
+        SettingError: naming ``field``, when the directory cannot be made or is not safe.
+
+    """
+    private = os.geteuid() != 0
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        os.mkdir(path, 0o700 if private else 0o711)
+        os.chmod(path, 0o700 if private else 0o711)  # whatever the umask
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise SettingError(
+            field, f"cannot make directory {path!r}: {exc.strerror or exc}; run as root or "
+            "set server.profiler_listen (--profiler-listen unix:/a/directory/of/yours/p.sock)"
+        ) from None  # fmt: skip
+    if path.startswith("/tmp/"):  # noqa: S108 - the fallback of default_profiler_socket
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise SettingError(
+                field, f"{path!r} is not a directory of this user's that only it may write to"
+            )
 
 
 _BIND_ERRORS = {

@@ -37,6 +37,11 @@ is forgotten and stops pinning data."""
 DEFAULT_MAX_CONSUMERS = 16
 """Default ``max_consumers``: pull consumers plus the push exporter."""
 
+DEFAULT_MAX_COLLECTION_BYTES = 16 * 1024 * 1024
+"""Default ``store.max_collection_bytes``: 16 MiB of serialized OTLP per batch interval, 16 times
+the sizing node's collection, and room for 1 000 processes whose resources are each at the
+8 KiB default resource limit (``identity.resource_limits.max_bytes``) with their points."""
+
 DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
 """Default ``BatchStore(max_batch_bytes=...)``: 4 MiB minus 64 KiB, so every batch fits, with its
 Pull envelope, the 4 MiB default receive limit of gRPC clients (grpc-go, grpcio). The sizing

@@ -12,8 +12,18 @@ DEFAULT_CONSUMER = "default"
 CONSUMER_NAME_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 """Allowed consumer names (``pull.proto``): 1 to 128 bytes of ``[A-Za-z0-9._:/-]``."""
 
-DROP_REASONS = ("max_age", "max_data_points", "max_bytes", "max_batch_bytes")
-"""Why batches are dropped, named after the :class:`StoreLimits` field that forced it out."""
+DROP_REASONS = (
+    "max_age",
+    "max_data_points",
+    "max_bytes",
+    "max_batch_bytes",
+    "max_collection_bytes",
+    "split_error",
+)
+"""Why points (or log records) are dropped: named after the limit that forced them out (the
+:class:`StoreLimits` fields; ``max_batch_bytes``, a point whose envelope alone exceeds the batch
+size; ``max_collection_bytes``, left out of a collection over the producer's budget), or
+``split_error``, an oversized batch that failed to be split (a defect, logged)."""
 
 
 class TooManyConsumersError(Exception):

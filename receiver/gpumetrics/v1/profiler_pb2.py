@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgpumetrics/v1/profiler.proto\x12\rgpumetrics.v1\"2\n\x13\x45nvironmentVariable\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\xa8\x01\n\x12ProcessDeclaration\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x18\n\x10start_time_ticks\x18\x02 \x01(\x04\x12\x17\n\x0fprocess_context\x18\x03 \x01(\x0c\x12\x37\n\x0b\x65nvironment\x18\x04 \x03(\x0b\x32\".gpumetrics.v1.EnvironmentVariable\x12\x19\n\x11profiler_resource\x18\x05 \x01(\x0c\"d\n\x17\x44\x65\x63lareProcessesRequest\x12\x34\n\tprocesses\x18\x01 \x03(\x0b\x32!.gpumetrics.v1.ProcessDeclaration\x12\x13\n\x0breplace_all\x18\x02 \x01(\x08\"F\n\tRejection\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\r\n\x05\x66ield\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"j\n\x18\x44\x65\x63lareProcessesResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12*\n\x08rejected\x18\x02 \x03(\x0b\x32\x18.gpumetrics.v1.Rejection\x12\x10\n\x08released\x18\x03 \x01(\r\"4\n\x0bProcessExit\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x18\n\x10start_time_ticks\x18\x02 \x01(\x04\"?\n\x12ReportExitsRequest\x12)\n\x05\x65xits\x18\x01 \x03(\x0b\x32\x1a.gpumetrics.v1.ProcessExit\"S\n\x13ReportExitsResponse\x12\x10\n\x08released\x18\x01 \x01(\r\x12*\n\x08rejected\x18\x02 \x03(\x0b\x32\x18.gpumetrics.v1.Rejection\"\r\n\x0bResyncBegin\"\x0b\n\tResyncEnd\"D\n\x0c\x44\x65\x63lareBatch\x12\x34\n\tprocesses\x18\x01 \x03(\x0b\x32!.gpumetrics.v1.ProcessDeclaration\"\xa0\x02\n\x19StreamDeclarationsRequest\x12\x34\n\x07\x64\x65\x63lare\x18\x01 \x01(\x0b\x32!.gpumetrics.v1.ProcessDeclarationH\x00\x12*\n\x04\x65xit\x18\x02 \x01(\x0b\x32\x1a.gpumetrics.v1.ProcessExitH\x00\x12\x32\n\x0cresync_begin\x18\x03 \x01(\x0b\x32\x1a.gpumetrics.v1.ResyncBeginH\x00\x12.\n\nresync_end\x18\x04 \x01(\x0b\x32\x18.gpumetrics.v1.ResyncEndH\x00\x12\x34\n\rdeclare_batch\x18\x05 \x01(\x0b\x32\x1b.gpumetrics.v1.DeclareBatchH\x00\x42\x07\n\x05\x65vent\"\xad\x01\n\x1aStreamDeclarationsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12+\n\trejection\x18\x02 \x01(\x0b\x32\x18.gpumetrics.v1.Rejection\x12\x10\n\x08released\x18\x03 \x01(\r\x12\x10\n\x08\x64\x65\x63lared\x18\x04 \x01(\r\x12,\n\nrejections\x18\x05 \x03(\x0b\x32\x18.gpumetrics.v1.Rejection2\xc6\x02\n\x1aProfilerIntegrationService\x12\x63\n\x10\x44\x65\x63lareProcesses\x12&.gpumetrics.v1.DeclareProcessesRequest\x1a\'.gpumetrics.v1.DeclareProcessesResponse\x12T\n\x0bReportExits\x12!.gpumetrics.v1.ReportExitsRequest\x1a\".gpumetrics.v1.ReportExitsResponse\x12m\n\x12StreamDeclarations\x12(.gpumetrics.v1.StreamDeclarationsRequest\x1a).gpumetrics.v1.StreamDeclarationsResponse(\x01\x30\x01\x42OZMgithub.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1;gpumetricsv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgpumetrics/v1/profiler.proto\x12\rgpumetrics.v1\"2\n\x13\x45nvironmentVariable\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\xce\x01\n\x12ProcessDeclaration\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x18\n\x10start_time_ticks\x18\x02 \x01(\x04\x12\x17\n\x0fprocess_context\x18\x03 \x01(\x0c\x12\x37\n\x0b\x65nvironment\x18\x04 \x03(\x0b\x32\".gpumetrics.v1.EnvironmentVariable\x12\x19\n\x11profiler_resource\x18\x05 \x01(\x0c\x12$\n\x1cprofiler_resource_schema_url\x18\x06 \x01(\t\"d\n\x17\x44\x65\x63lareProcessesRequest\x12\x34\n\tprocesses\x18\x01 \x03(\x0b\x32!.gpumetrics.v1.ProcessDeclaration\x12\x13\n\x0breplace_all\x18\x02 \x01(\x08\"F\n\tRejection\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\r\n\x05\x66ield\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"j\n\x18\x44\x65\x63lareProcessesResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12*\n\x08rejected\x18\x02 \x03(\x0b\x32\x18.gpumetrics.v1.Rejection\x12\x10\n\x08released\x18\x03 \x01(\r\"4\n\x0bProcessExit\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x18\n\x10start_time_ticks\x18\x02 \x01(\x04\"?\n\x12ReportExitsRequest\x12)\n\x05\x65xits\x18\x01 \x03(\x0b\x32\x1a.gpumetrics.v1.ProcessExit\"S\n\x13ReportExitsResponse\x12\x10\n\x08released\x18\x01 \x01(\r\x12*\n\x08rejected\x18\x02 \x03(\x0b\x32\x18.gpumetrics.v1.Rejection\"\r\n\x0bResyncBegin\"\x0b\n\tResyncEnd\"D\n\x0c\x44\x65\x63lareBatch\x12\x34\n\tprocesses\x18\x01 \x03(\x0b\x32!.gpumetrics.v1.ProcessDeclaration\"\xa0\x02\n\x19StreamDeclarationsRequest\x12\x34\n\x07\x64\x65\x63lare\x18\x01 \x01(\x0b\x32!.gpumetrics.v1.ProcessDeclarationH\x00\x12*\n\x04\x65xit\x18\x02 \x01(\x0b\x32\x1a.gpumetrics.v1.ProcessExitH\x00\x12\x32\n\x0cresync_begin\x18\x03 \x01(\x0b\x32\x1a.gpumetrics.v1.ResyncBeginH\x00\x12.\n\nresync_end\x18\x04 \x01(\x0b\x32\x18.gpumetrics.v1.ResyncEndH\x00\x12\x34\n\rdeclare_batch\x18\x05 \x01(\x0b\x32\x1b.gpumetrics.v1.DeclareBatchH\x00\x42\x07\n\x05\x65vent\"\xad\x01\n\x1aStreamDeclarationsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12+\n\trejection\x18\x02 \x01(\x0b\x32\x18.gpumetrics.v1.Rejection\x12\x10\n\x08released\x18\x03 \x01(\r\x12\x10\n\x08\x64\x65\x63lared\x18\x04 \x01(\r\x12,\n\nrejections\x18\x05 \x03(\x0b\x32\x18.gpumetrics.v1.Rejection2\xc6\x02\n\x1aProfilerIntegrationService\x12\x63\n\x10\x44\x65\x63lareProcesses\x12&.gpumetrics.v1.DeclareProcessesRequest\x1a\'.gpumetrics.v1.DeclareProcessesResponse\x12T\n\x0bReportExits\x12!.gpumetrics.v1.ReportExitsRequest\x1a\".gpumetrics.v1.ReportExitsResponse\x12m\n\x12StreamDeclarations\x12(.gpumetrics.v1.StreamDeclarationsRequest\x1a).gpumetrics.v1.StreamDeclarationsResponse(\x01\x30\x01\x42OZMgithub.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1;gpumetricsv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,29 +35,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENVIRONMENTVARIABLE']._serialized_start=47
   _globals['_ENVIRONMENTVARIABLE']._serialized_end=97
   _globals['_PROCESSDECLARATION']._serialized_start=100
-  _globals['_PROCESSDECLARATION']._serialized_end=268
-  _globals['_DECLAREPROCESSESREQUEST']._serialized_start=270
-  _globals['_DECLAREPROCESSESREQUEST']._serialized_end=370
-  _globals['_REJECTION']._serialized_start=372
-  _globals['_REJECTION']._serialized_end=442
-  _globals['_DECLAREPROCESSESRESPONSE']._serialized_start=444
-  _globals['_DECLAREPROCESSESRESPONSE']._serialized_end=550
-  _globals['_PROCESSEXIT']._serialized_start=552
-  _globals['_PROCESSEXIT']._serialized_end=604
-  _globals['_REPORTEXITSREQUEST']._serialized_start=606
-  _globals['_REPORTEXITSREQUEST']._serialized_end=669
-  _globals['_REPORTEXITSRESPONSE']._serialized_start=671
-  _globals['_REPORTEXITSRESPONSE']._serialized_end=754
-  _globals['_RESYNCBEGIN']._serialized_start=756
-  _globals['_RESYNCBEGIN']._serialized_end=769
-  _globals['_RESYNCEND']._serialized_start=771
-  _globals['_RESYNCEND']._serialized_end=782
-  _globals['_DECLAREBATCH']._serialized_start=784
-  _globals['_DECLAREBATCH']._serialized_end=852
-  _globals['_STREAMDECLARATIONSREQUEST']._serialized_start=855
-  _globals['_STREAMDECLARATIONSREQUEST']._serialized_end=1143
-  _globals['_STREAMDECLARATIONSRESPONSE']._serialized_start=1146
-  _globals['_STREAMDECLARATIONSRESPONSE']._serialized_end=1319
-  _globals['_PROFILERINTEGRATIONSERVICE']._serialized_start=1322
-  _globals['_PROFILERINTEGRATIONSERVICE']._serialized_end=1648
+  _globals['_PROCESSDECLARATION']._serialized_end=306
+  _globals['_DECLAREPROCESSESREQUEST']._serialized_start=308
+  _globals['_DECLAREPROCESSESREQUEST']._serialized_end=408
+  _globals['_REJECTION']._serialized_start=410
+  _globals['_REJECTION']._serialized_end=480
+  _globals['_DECLAREPROCESSESRESPONSE']._serialized_start=482
+  _globals['_DECLAREPROCESSESRESPONSE']._serialized_end=588
+  _globals['_PROCESSEXIT']._serialized_start=590
+  _globals['_PROCESSEXIT']._serialized_end=642
+  _globals['_REPORTEXITSREQUEST']._serialized_start=644
+  _globals['_REPORTEXITSREQUEST']._serialized_end=707
+  _globals['_REPORTEXITSRESPONSE']._serialized_start=709
+  _globals['_REPORTEXITSRESPONSE']._serialized_end=792
+  _globals['_RESYNCBEGIN']._serialized_start=794
+  _globals['_RESYNCBEGIN']._serialized_end=807
+  _globals['_RESYNCEND']._serialized_start=809
+  _globals['_RESYNCEND']._serialized_end=820
+  _globals['_DECLAREBATCH']._serialized_start=822
+  _globals['_DECLAREBATCH']._serialized_end=890
+  _globals['_STREAMDECLARATIONSREQUEST']._serialized_start=893
+  _globals['_STREAMDECLARATIONSREQUEST']._serialized_end=1181
+  _globals['_STREAMDECLARATIONSRESPONSE']._serialized_start=1184
+  _globals['_STREAMDECLARATIONSRESPONSE']._serialized_end=1357
+  _globals['_PROFILERINTEGRATIONSERVICE']._serialized_start=1360
+  _globals['_PROFILERINTEGRATIONSERVICE']._serialized_end=1686
 # @@protoc_insertion_point(module_scope)

@@ -15,18 +15,20 @@ class EnvironmentVariable(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class ProcessDeclaration(_message.Message):
-    __slots__ = ("pid", "start_time_ticks", "process_context", "environment", "profiler_resource")
+    __slots__ = ("pid", "start_time_ticks", "process_context", "environment", "profiler_resource", "profiler_resource_schema_url")
     PID_FIELD_NUMBER: _ClassVar[int]
     START_TIME_TICKS_FIELD_NUMBER: _ClassVar[int]
     PROCESS_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     PROFILER_RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    PROFILER_RESOURCE_SCHEMA_URL_FIELD_NUMBER: _ClassVar[int]
     pid: int
     start_time_ticks: int
     process_context: bytes
     environment: _containers.RepeatedCompositeFieldContainer[EnvironmentVariable]
     profiler_resource: bytes
-    def __init__(self, pid: _Optional[int] = ..., start_time_ticks: _Optional[int] = ..., process_context: _Optional[bytes] = ..., environment: _Optional[_Iterable[_Union[EnvironmentVariable, _Mapping]]] = ..., profiler_resource: _Optional[bytes] = ...) -> None: ...
+    profiler_resource_schema_url: str
+    def __init__(self, pid: _Optional[int] = ..., start_time_ticks: _Optional[int] = ..., process_context: _Optional[bytes] = ..., environment: _Optional[_Iterable[_Union[EnvironmentVariable, _Mapping]]] = ..., profiler_resource: _Optional[bytes] = ..., profiler_resource_schema_url: _Optional[str] = ...) -> None: ...
 
 class DeclareProcessesRequest(_message.Message):
     __slots__ = ("processes", "replace_all")

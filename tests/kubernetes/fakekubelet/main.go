@@ -4,7 +4,7 @@
 // documented field numbers; this server is the upstream's, so the two sides are not the same
 // hands.
 //
-//	fakekubelet -socket /tmp/x/kubelet.sock -state /tmp/x/state.json
+//	fakekubelet -socket /tmp/x/kubelet.sock -state /tmp/x/state.json [-apiserver-dir /tmp/x]
 //
 // The state file is read again on every call, so a test changes what the "kubelet" answers by
 // replacing the file (atomically: write a temporary file and rename it). Its fields:
@@ -16,7 +16,12 @@
 //	error_code                 answer every call with this gRPC status code (e.g. 14)
 //	socket_mode                the socket file's mode once listening (default 0600, octal)
 //
-// It prints "listening <socket>" on stdout once it serves, and exits on SIGTERM or SIGINT.
+// The list answer may carry dynamic_resources (DRA claims: DynamicResource, ClaimResource,
+// CDIDevice), encoded by the upstream types like everything else. With -apiserver-dir it also
+// serves ResourceSlices as the Kubernetes API server would (apiserver.go).
+//
+// It prints "apiserver <url>" (with -apiserver-dir) and then "listening <socket>" on stdout
+// once it serves, and exits on SIGTERM or SIGINT.
 package main
 
 import (
@@ -45,6 +50,10 @@ type state struct {
 	Hang                     bool            `json:"hang"`
 	ErrorCode                uint32          `json:"error_code"`
 	SocketMode               string          `json:"socket_mode"`
+	ResourceSlicesFile       string          `json:"resource_slices_file"`
+	Token                    string          `json:"token"`
+	Forbidden                bool            `json:"forbidden"`
+	ResourceSliceVersions    []string        `json:"resource_slice_versions"`
 }
 
 type server struct {
@@ -105,6 +114,7 @@ func (s *server) GetAllocatableResources(ctx context.Context, _ *podresourcesv1.
 func main() {
 	socket := flag.String("socket", "", "unix socket path to serve on")
 	statePath := flag.String("state", "", "JSON state file, read on every call")
+	apiDir := flag.String("apiserver-dir", "", "also serve ResourceSlices over HTTPS; its CA goes here")
 	flag.Parse()
 	if *socket == "" || *statePath == "" {
 		log.Fatal("fakekubelet: -socket and -state are required")
@@ -133,7 +143,15 @@ func main() {
 		log.Fatalf("fakekubelet: %v", err)
 	}
 	srv := grpc.NewServer()
-	podresourcesv1.RegisterPodResourcesListerServer(srv, &server{statePath: *statePath})
+	impl := &server{statePath: *statePath}
+	podresourcesv1.RegisterPodResourcesListerServer(srv, impl)
+	if *apiDir != "" {
+		url, err := serveAPI(impl, *apiDir)
+		if err != nil {
+			log.Fatalf("fakekubelet: apiserver: %v", err)
+		}
+		fmt.Printf("apiserver %s\n", url)
+	}
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	go func() {

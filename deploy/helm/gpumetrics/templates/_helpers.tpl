@@ -36,10 +36,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{/* "true" when the sidecar reads this node's ResourceSlices (DRA), else empty. */}}
+{{- define "gpumetrics.readsResourceSlices" -}}
+{{- if and .Values.podAttribution.enabled .Values.podAttribution.dra.resourceSlices -}}true{{- end -}}
+{{- end -}}
+
 {{/* Checks of combinations the schema cannot express. */}}
 {{- define "gpumetrics.validate" -}}
 {{- if not (has .Values.topology (list "sidecar" "subprocess")) -}}
 {{- fail (printf "topology: %q is neither sidecar nor subprocess" .Values.topology) -}}
+{{- end -}}
+{{- if not (has .Values.sidecar.store.type (list "hostPath" "emptyDir" "none")) -}}
+{{- fail (printf "sidecar.store.type: %q is none of hostPath, emptyDir, none" .Values.sidecar.store.type) -}}
 {{- end -}}
 {{- if not (has .Values.processMetrics.hostAccess (list "hostPID" "hostProc")) -}}
 {{- fail (printf "processMetrics.hostAccess: %q is neither hostPID nor hostProc" .Values.processMetrics.hostAccess) -}}
@@ -78,6 +86,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{/* The durable store (sidecar.store): where the container sees it, and the node's directory. */}}
+{{- define "gpumetrics.storeMount" -}}/var/lib/gpumetrics{{- end -}}
+
+{{- define "gpumetrics.storeHostPath" -}}
+{{- .Values.sidecar.store.hostPath | default (printf "/var/lib/gpumetrics/%s-%s" .Release.Namespace (include "gpumetrics.fullname" .)) -}}
+{{- end -}}
+
+{{- define "gpumetrics.store" -}}
+{{- if ne .Values.sidecar.store.type "none" -}}true{{- end -}}
+{{- end -}}
+
 {{/* The gpumetrics user and group of both images' conventions (compose uses the same). */}}
 {{- define "gpumetrics.uid" -}}10001{{- end -}}
 
@@ -103,6 +122,12 @@ capabilities:
 {{/* gpumetrics.yaml, the sidecar's configuration (docs/configuration.md). */}}
 {{- define "gpumetrics.sidecarConfig" -}}
 {{- $server := dict "health_listen" (printf "0.0.0.0:%d" (int .Values.sidecar.healthPort)) -}}
+{{/* The profiler service on its own unix socket in a pod volume (not the default, which
+     depends on the sidecar's uid and may be on the read-only root filesystem): the run volume
+     shared by the two containers, or in subprocess mode the Collector container's private /tmp.
+     A caller's SO_PEERCRED decides what it may declare (docs/security.md). */}}
+{{- $profilerSocket := ternary "unix:///tmp/profiler.sock" "unix:///run/gpumetrics/profiler.sock" (eq .Values.topology "subprocess") -}}
+{{- $_ := set $server "profiler_listen" (list $profilerSocket) -}}
 {{- if eq .Values.topology "sidecar" -}}
 {{- $_ := set $server "listen" (list "unix:///run/gpumetrics/gpumetrics.sock") -}}
 {{- $_ := set $server "unix_socket_mode" "0660" -}}
@@ -119,10 +144,15 @@ capabilities:
 {{- if .Values.podAttribution.enabled -}}
 {{- $_ := set $kubernetes "pod_resources_socket" (printf "%s/kubelet.sock" (trimSuffix "/" .Values.podAttribution.socketDir)) -}}
 {{- $_ := set $kubernetes "gpu_id_type" .Values.podAttribution.gpuIdType -}}
+{{- $_ := set $kubernetes "dra" (dict "resource_slices" (include "gpumetrics.readsResourceSlices" . | empty | not) "drivers" .Values.podAttribution.dra.drivers) -}}
+{{- end -}}
+{{- $store := dict "max_bytes" (int64 .Values.sidecar.storeMaxBytes) -}}
+{{- if include "gpumetrics.store" . -}}
+{{- $_ := set $store "path" (include "gpumetrics.storeMount" .) -}}
 {{- end -}}
 {{- $config := dict
   "server" $server
-  "store" (dict "max_bytes" (int64 .Values.sidecar.storeMaxBytes))
+  "store" $store
   "collection" (dict "interval_s" .Values.sidecar.collectionIntervalSeconds "process_metrics" .Values.processMetrics.enabled)
   "identity" $identity
   "kubernetes" $kubernetes
@@ -218,8 +248,15 @@ capabilities:
 {{/* Mounts of the container that runs the sidecar. */}}
 {{- define "gpumetrics.sidecarMounts" -}}
 - {name: sidecar-config, mountPath: /etc/gpumetrics, readOnly: true}
+{{- if include "gpumetrics.store" . }}
+- {name: store, mountPath: {{ include "gpumetrics.storeMount" . }}}
+{{- end }}
 {{- if .Values.podAttribution.enabled }}
 - {name: pod-resources, mountPath: {{ .Values.podAttribution.socketDir }}, readOnly: true}
+{{- end }}
+{{- if include "gpumetrics.readsResourceSlices" . }}
+# the service account token, for the one API call the sidecar makes (list resourceslices)
+- {name: kube-api-access, mountPath: /var/run/secrets/kubernetes.io/serviceaccount, readOnly: true}
 {{- end }}
 {{- if include "gpumetrics.hostProc" . }}
 - {name: host-proc, mountPath: /host/proc, readOnly: true}

@@ -11,17 +11,22 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
-from nvmlsim.model.values import Dyn, Strict, named_keys
+from nvmlsim.model.values import Dyn, Pattern, Ramp, Sine, Square, Strict, Trace, Window, named_keys
 
 __all__ = [
     "GPM_METRIC_MAX",
     "GPM_PERCENT_IDS",
     "Gpm",
     "GpmInstance",
+    "GpmTrace",
+    "GpmValue",
     "NvLinkErrors",
     "NvLink",
+    "LinkDown",
+    "LinkTraffic",
+    "Flag",
     "Bar1",
     "RemappedRows",
     "RetiredPages",
@@ -49,7 +54,22 @@ def _gpm_ids(value: object) -> object:
     return out
 
 
-GpmMetrics = Annotated[dict[int, Dyn], BeforeValidator(_gpm_ids)]
+class GpmTrace(Trace):
+    """A recorded series of GPM values, which, unlike other readings, may be NaN or ±Inf."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=True)
+
+
+#: A GPM metric value: a number or a pattern, like every reading, except that a number or a
+#: trace step may be NaN or ±Inf (YAML ``.nan``, ``.inf``, ``-.inf``): ``nvmlGpmMetricsGet``
+#: returns doubles, and a real GPM answer can be non-finite.
+GpmValue = (
+    int
+    | Annotated[float, Field(allow_inf_nan=True)]
+    | Annotated[Sine | Square | Ramp | GpmTrace, Field(discriminator="pattern")]
+)
+
+GpmMetrics = Annotated[dict[int, GpmValue], BeforeValidator(_gpm_ids)]
 
 
 class GpmInstance(Strict):
@@ -66,9 +86,10 @@ class Gpm(Strict):
     NOT_SUPPORTED. ``metrics`` maps an ``NVML_GPM_METRIC_*`` id (number, or name without the
     prefix: ``SM_UTIL``) to its value in the metric's own unit (percent 0-100, or MiB/s);
     ``nvmlGpmMetricsGet`` returns the mean of that value over the two samples' interval, and
-    answers NOT_SUPPORTED for ids not listed. On a MIG-enabled GPU these are the whole GPU's
-    values (``nvmlGpmSampleGet`` on the parent); each instance's own are under
-    ``mig.instances[].gpm``.
+    answers NOT_SUPPORTED for ids not listed. A value may be NaN or ±Inf (a number, or steps
+    of a ``trace``): an interval that touches such a step gives that non-finite mean. On a
+    MIG-enabled GPU these are the whole GPU's values (``nvmlGpmSampleGet`` on the parent);
+    each instance's own are under ``mig.instances[].gpm``.
     """
 
     metrics: GpmMetrics = Field(default_factory=dict)
@@ -84,36 +105,77 @@ class NvLinkErrors(Strict):
     ecc_data: Dyn = 0
 
 
-class NvLink(Strict):
-    """NVLink: ``links`` links (0..links-1), all active except those in ``down``.
+class LinkDown(Window):
+    """A link that is down during a window (``[from_cycle, until_cycle)`` and/or seconds)."""
 
-    ``data_tx_kib`` / ``data_rx_kib`` are the GPU's cumulative data counters in KiB, all links
-    together (``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`` / ``_RX`` field values; a ramp).
-    ``errors`` gives error counters per link number (others are 0); the ``…_TOTAL`` error field
-    values are their sums. ``NVML_FI_DEV_NVLINK_LINK_COUNT`` answers ``links``. The per-link
-    error-count fields (``…_ERROR_COUNT_L<n>``, ``…_ERROR_DL_REPLAY`` / ``_DL_RECOVERY`` by
-    scope) answer the same counts unless ``error_fields`` is false (NOT_SUPPORTED: a driver
-    whose field values lack them; ``nvmlDeviceGetNvLinkErrorCounter`` still answers), and
+    link: int = Field(ge=0)
+
+
+class LinkTraffic(Strict):
+    """One link's cumulative NVLink data counters in KiB (a ramp), per direction."""
+
+    data_tx_kib: Dyn = 0
+    data_rx_kib: Dyn = 0
+
+
+class NvLink(Strict):
+    """NVLink: ``links`` links (0..links-1), all active except those ``down``.
+
+    ``down`` lists links that are down the whole run (a number) or during a window
+    (``{link: 3, from_cycle: 5, until_cycle: 9}``: ``nvmlDeviceGetNvLinkState`` answers 0 then).
+    Data counters (``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`` / ``_RX`` field values, KiB): a
+    field's ``scopeId`` is the link, and ``UINT_MAX`` asks for the sum over all links (nvml.h,
+    "NVLink throughput counters field values"). ``per_link`` gives each link's counters (links
+    not listed count 0; the sum is their total); without it, ``data_tx_kib`` / ``data_rx_kib``
+    are the GPU's totals, spread evenly over the links (each link non-decreasing, the links
+    summing exactly to the total). ``errors`` gives error counters per link number (others
+    are 0); the ``…_TOTAL`` error field values are their sums.
+    ``NVML_FI_DEV_NVLINK_LINK_COUNT`` answers ``links``. The per-link error-count fields
+    (``…_ERROR_COUNT_L<n>``, ``…_ERROR_DL_REPLAY`` / ``_DL_RECOVERY`` by scope) answer the same
+    counts unless ``error_fields`` is false (NOT_SUPPORTED: a driver whose field values lack
+    them; ``nvmlDeviceGetNvLinkErrorCounter`` still answers), and
     ``NVML_FI_DEV_NVLINK_GET_STATE`` (scope: the link) answers each link's state (1 active,
-    0 down) unless ``state_field`` is false (NOT_SUPPORTED; ``nvmlDeviceGetNvLinkState`` still
-    answers).
+    0 down, as ``nvmlDeviceGetNvLinkState`` would at that moment) unless ``state_field`` is
+    false (NOT_SUPPORTED; ``nvmlDeviceGetNvLinkState`` still answers).
     """
 
     links: int = Field(ge=1, le=36)
-    down: list[int] = Field(default_factory=list)
+    down: list[int | LinkDown] = Field(default_factory=list)
     data_tx_kib: Dyn = 0
     data_rx_kib: Dyn = 0
+    per_link: dict[int, LinkTraffic] = Field(default_factory=dict)
     errors: dict[int, NvLinkErrors] = Field(default_factory=dict)
     error_fields: bool = True
     state_field: bool = True
 
     @model_validator(mode="after")
     def _known_links(self) -> NvLink:
-        for field, links in (("down", self.down), ("errors", list(self.errors))):
+        down = [d if isinstance(d, int) else d.link for d in self.down]
+        for field, links in (
+            ("down", down),
+            ("errors", list(self.errors)),
+            ("per_link", list(self.per_link)),
+        ):
             bad = [n for n in links if not 0 <= n < self.links]
             if bad:
                 raise ValueError(f"{field}: links {bad} are outside 0..{self.links - 1}")
+        totals = {"data_tx_kib", "data_rx_kib"} & self.model_fields_set
+        if self.per_link and totals:
+            raise ValueError(
+                f"{sorted(totals)[0]}: give the GPU's totals or per_link, not both (with "
+                "per_link the totals are the links' sum)"
+            )
         return self
+
+    def is_up(self, link: int, t: float, cycle: int) -> bool:
+        """Whether ``link`` is active at ``t`` seconds after install, in cycle ``cycle``."""
+        for d in self.down:
+            if isinstance(d, int):
+                if d == link:
+                    return False
+            elif d.link == link and d.active(t, cycle):
+                return False
+        return True
 
 
 class Bar1(Strict):
@@ -123,19 +185,30 @@ class Bar1(Strict):
     used_bytes: Dyn = 0
 
 
+#: A flag: a boolean, or a pattern of 0/1 values (a ``trace`` for a flag that changes).
+Flag = bool | Pattern
+
+
 class RemappedRows(Strict):
-    """``nvmlDeviceGetRemappedRows`` (Ampere and newer): rows remapped and the two flags."""
+    """``nvmlDeviceGetRemappedRows`` (Ampere and newer): rows remapped and the two flags.
+
+    Counts and flags may change over time (patterns, e.g. a ``trace`` per cycle). The call
+    answers NOT_SUPPORTED while MIG is enabled (nvml.h), and the scenario checks refuse
+    remapped rows on a board without ``ecc``: row remapping repairs ECC memory.
+    """
 
     correctable: Dyn = 0
     uncorrectable: Dyn = 0
-    pending: bool = False
-    failure: bool = False
+    pending: Flag = False
+    failure: Flag = False
 
 
 class RetiredPages(Strict):
-    """Retired pages (page retirement, before Ampere).
+    """Retired pages (page retirement, before Ampere): counts per cause and the pending flag.
 
-    Answered through the field values ``NVML_FI_DEV_RETIRED_SBE`` / ``_DBE`` / ``_PENDING``.
+    Answered through the field values ``NVML_FI_DEV_RETIRED_SBE`` / ``_DBE`` / ``_PENDING``,
+    ``nvmlDeviceGetRetiredPages`` (one synthetic page address per retired page, with nvml.h's
+    size probe) and ``nvmlDeviceGetRetiredPagesPendingStatus``.
     """
 
     single_bit: Dyn = 0

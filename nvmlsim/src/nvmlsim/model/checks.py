@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 from nvmlsim.driver_profiles import ALL_SYMBOLS, DRIVER_PROFILES
 from nvmlsim.fields import OVERRIDE_FIELDS
-from nvmlsim.model.board import GPM_PERCENT_IDS, Gpm, GpmInstance
-from nvmlsim.model.devices import U32, U64, Device, Memory, Process, ProcessSet
+from nvmlsim.model.board import GPM_PERCENT_IDS, Gpm, GpmInstance, GpmTrace
+from nvmlsim.model.devices import U32, U64, Device, Memory, MigInstance, Process, ProcessSet
 from nvmlsim.model.scenario import Scenario
-from nvmlsim.model.values import Dyn, bounds
+from nvmlsim.model.values import OLD_MIG_UUID, Dyn, bounds
 
 __all__ = ["check_scenario"]
 
@@ -78,11 +78,18 @@ def _processes(path: str, procs: list[Process], sets: list[ProcessSet]) -> Itera
 
 
 def _gpm(path: str, gpm: Gpm | GpmInstance | None) -> Iterator[Problem]:
+    """Range-check GPM values; NaN and ±Inf are allowed (a real GPM answer can be non-finite)."""
     if gpm is None:
         return
     for metric_id, value in gpm.metrics.items():
         high = 100 if metric_id in GPM_PERCENT_IDS else math.inf
-        yield from _range(f"{path}.metrics[{metric_id}]", value, 0, high)
+        checked: Dyn | None = value
+        if isinstance(value, GpmTrace):
+            finite = [v for v in value.values if math.isfinite(v)]
+            checked = value.model_copy(update={"values": finite}) if finite else None
+        elif isinstance(value, float) and not math.isfinite(value):
+            continue
+        yield from _range(f"{path}.metrics[{metric_id}]", checked, 0, high)
 
 
 def _board(path: str, dev: Device) -> Iterator[Problem]:
@@ -99,6 +106,24 @@ def _board(path: str, dev: Device) -> Iterator[Problem]:
     if dev.nvlink is not None:
         for key in ("data_tx_kib", "data_rx_kib"):
             yield from _range(f"{path}.nvlink.{key}", getattr(dev.nvlink, key), 0, U64)
+            for link, traffic in dev.nvlink.per_link.items():
+                yield from _range(
+                    f"{path}.nvlink.per_link[{link}].{key}", getattr(traffic, key), 0, U64
+                )
+    rows = dev.remapped_rows
+    if rows is not None:
+        if dev.ecc is None:
+            yield (
+                f"{path}.remapped_rows",
+                "a board without ecc has no row remapping (nvmlDeviceGetRemappedRows answers "
+                "NOT_SUPPORTED there, nvml.h); give ecc or leave remapped_rows out",
+            )
+        for key in ("correctable", "uncorrectable"):
+            yield from _range(f"{path}.remapped_rows.{key}", getattr(rows, key), 0, U32)
+        for key in ("pending", "failure"):
+            flag = getattr(rows, key)
+            if not isinstance(flag, bool):
+                yield from _range(f"{path}.remapped_rows.{key}", flag, 0, 1)
     power = dev.power
     if power.min_limit_mw is not None and power.max_limit_mw is not None:
         if power.min_limit_mw > power.max_limit_mw:
@@ -142,6 +167,7 @@ def _device(path: str, dev: Device) -> Iterator[Problem]:
         if inst.slot in slots:
             yield (f"{ip}.slot", f"duplicates mig.instances[{slots[inst.slot]}].slot")
         slots[inst.slot] = i
+        yield from _old_mig_uuid(f"{ip}.uuid", inst.uuid, dev.uuid, inst)
         pair = (inst.gpu_instance_id, inst.compute_instance_id)
         if pair in ids:
             yield (f"{ip}.compute_instance_id", f"GI/CI pair duplicates instances[{ids[pair]}]")
@@ -157,6 +183,22 @@ def _device(path: str, dev: Device) -> Iterator[Problem]:
             yield from _gpm(f"{ip}.gpm", inst.gpm)
         yield from _memory(f"{ip}.memory", inst.memory)
         yield from _processes(ip, inst.processes, inst.process_sets)
+
+
+def _old_mig_uuid(path: str, uuid: str, parent: str, inst: MigInstance) -> Iterator[Problem]:
+    """Check that an R450-R465 MIG UUID names the instance's own GPU and ids."""
+    old = OLD_MIG_UUID.fullmatch(uuid)
+    if old is None:
+        return
+    if old["gpu"] != parent:
+        yield (path, f"names GPU {old['gpu']}, but the instance is on {parent}")
+    ids = (int(old["gi"]), int(old["ci"]))
+    if ids != (inst.gpu_instance_id, inst.compute_instance_id):
+        yield (
+            path,
+            f"names GPU instance {ids[0]} / compute instance {ids[1]}, but the instance has "
+            f"{inst.gpu_instance_id} / {inst.compute_instance_id}",
+        )
 
 
 def _identities(scn: Scenario) -> Iterator[Problem]:

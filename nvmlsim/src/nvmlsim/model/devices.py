@@ -22,7 +22,17 @@ from nvmlsim.model.board import (
     RetiredPages,
     Violations,
 )
-from nvmlsim.model.values import Code, Dyn, RawBytes, Strict, ValueType, Window, named_keys
+from nvmlsim.model.values import (
+    Code,
+    Dyn,
+    GpuUuid,
+    MigUuid,
+    RawBytes,
+    Strict,
+    ValueType,
+    Window,
+    named_keys,
+)
 
 __all__ = [
     "Memory",
@@ -279,7 +289,7 @@ class MigInstance(Strict):
     slot: int = Field(ge=0)
     gpu_instance_id: int = Field(ge=0, le=U32)
     compute_instance_id: int = Field(ge=0, le=U32)
-    uuid: str = Field(min_length=1)
+    uuid: MigUuid
     name: str = "NVIDIA MIG device"
     memory: Memory | None = None
     gpm: GpmInstance | None = None
@@ -362,7 +372,7 @@ class Device(Strict):
     """
 
     index: int | None = Field(default=None, ge=0)
-    uuid: str = Field(min_length=1)
+    uuid: GpuUuid
     name: str | None = "NVIDIA Simulated GPU"
     name_bytes: RawBytes | None = None
     serial: str | None = None

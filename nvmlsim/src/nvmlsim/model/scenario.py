@@ -133,6 +133,7 @@ EVENT_ACTIONS = (
     "lose_gpu",
     "restore_gpu",
     "upgrade_driver",
+    "reload_driver",
     "revoke_access",
     "restore_access",
     "reset_energy",
@@ -149,7 +150,12 @@ class Event(Strict):
     ``driver.stale_handle_code``), energy restarting from 0, optionally at ``new_index``
     (swapping with the device there). ``upgrade_driver``: the library/kernel mismatch of F12;
     every call answers ``code`` (default UNINITIALIZED) and every init LIB_RM_VERSION_MISMATCH
-    until a fresh install. ``revoke_access`` / ``restore_access``: the container loses access
+    until a fresh install. ``reload_driver``: the kernel module is reloaded under the process
+    (same version): every call answers UNINITIALIZED until the process's NVML reference count
+    is back to 0 (``nvmlShutdown``) and it calls ``nvmlInit`` again; event sets created before
+    are gone (using one after the new init is an ``invalid_event_set`` violation), device
+    handles from before are stale (``driver.stale_handle_code``) and energy counters restart
+    from 0. ``revoke_access`` / ``restore_access``: the container loses access
     to the devices; every call, init included, answers UNKNOWN. ``reset_energy``: the
     device's energy counter restarts from 0 (driver reload). ``destroy_mig_instance`` /
     ``create_mig_instance``: a MIG instance in ``slot`` disappears (its handles go stale) or
@@ -162,6 +168,7 @@ class Event(Strict):
         "lose_gpu",
         "restore_gpu",
         "upgrade_driver",
+        "reload_driver",
         "revoke_access",
         "restore_access",
         "reset_energy",

@@ -19,9 +19,10 @@ the moment of each call:
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from nvmlsim.codes import parse_code
 
@@ -41,6 +42,9 @@ __all__ = [
     "ValueType",
     "Window",
     "named_keys",
+    "GpuUuid",
+    "MigUuid",
+    "OLD_MIG_UUID",
 ]
 
 
@@ -52,6 +56,39 @@ class Strict(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+_HEX_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_GPU_UUID = re.compile(rf"GPU-{_HEX_UUID}")
+_MIG_UUID = re.compile(rf"MIG-{_HEX_UUID}")
+OLD_MIG_UUID = re.compile(rf"MIG-(?P<gpu>GPU-{_HEX_UUID})/(?P<gi>[0-9]+)/(?P<ci>[0-9]+)")
+"""The MIG UUID of R450-R465 drivers: ``MIG-<GPU UUID>/<GPU instance id>/<compute instance id>``."""
+
+
+def _gpu_uuid(value: str) -> str:
+    if not _GPU_UUID.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not an NVML GPU UUID: GPU- and 32 lowercase hex digits as 8-4-4-4-12 "
+            "(GPU-7c1e2a90-3f4b-4d21-8e6a-0b9c5d3e1f70), as nvmlDeviceGetUUID and nvidia-smi -L "
+            "give it"
+        )
+    return value
+
+
+def _mig_uuid(value: str) -> str:
+    if not (_MIG_UUID.fullmatch(value) or OLD_MIG_UUID.fullmatch(value)):
+        raise ValueError(
+            f"{value!r} is not an NVML MIG device UUID: MIG- and 32 lowercase hex digits as "
+            "8-4-4-4-12 (MIG-2d4f6b8c-0e1a-5c3d-a5e7-9b1d3f5a7c48, R470 and later), or the "
+            "older MIG-<GPU UUID>/<GPU instance id>/<compute instance id> (R450-R465)"
+        )
+    return value
+
+
+#: A GPU's UUID as NVML gives it (``nvmlDeviceGetUUID``; nvidia-smi -L prints the same).
+GpuUuid = Annotated[str, AfterValidator(_gpu_uuid)]
+#: A MIG device's UUID: ``MIG-`` + 8-4-4-4-12 hex (R470+), or ``MIG-GPU-<uuid>/<gi>/<ci>``.
+MigUuid = Annotated[str, AfterValidator(_mig_uuid)]
 
 
 def _code(value: object) -> int:

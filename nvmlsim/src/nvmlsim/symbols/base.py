@@ -67,6 +67,8 @@ class Symbol:
         mig_code: what a MIG handle gets when ``target`` is ``device``.
         restype: C return type (``c_int`` except ``nvmlErrorString``).
         direct: bypass the checks (only ``nvmlErrorString``: it returns a pointer).
+        on_fault: ``on_fault(driver, args, code)``, called under the lock when a fault makes
+            the call answer ``code``: the state a real failure leaves behind.
 
     """
 
@@ -80,6 +82,7 @@ class Symbol:
     mig_code: int = codes.NOT_SUPPORTED
     restype: Any = ctypes.c_int
     direct: bool = False
+    on_fault: Callable[[Any, tuple[Any, ...], int], None] | None = None
 
 
 def null_at(position: int) -> Callable[[tuple[Any, ...]], bool]:

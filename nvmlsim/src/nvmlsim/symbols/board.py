@@ -11,7 +11,14 @@ Signatures and units as ``nvml.h`` and the NVML API reference give them:
   unsigned *)`` (percent; may exceed 100); ``nvmlDeviceGetFanSpeed`` reads fan 0.
 - ``nvmlDeviceGetBAR1MemoryInfo(device, nvmlBAR1Memory_t *)``: total, free, used (bytes).
 - ``nvmlDeviceGetRemappedRows(device, unsigned *corr, unsigned *unc, unsigned *pending,
-  unsigned *failure)``.
+  unsigned *failure)``: NOT_SUPPORTED "If MIG is enabled or if the device doesn't support this
+  feature" (nvml.h): answered from the MIG mode at the time of the call.
+- ``nvmlDeviceGetRetiredPages(device, cause, unsigned *pageCount, unsigned long long *addresses)``:
+  the pages retired for ``cause`` (``retired_pages.single_bit`` / ``double_bit``; synthetic
+  addresses). The two-call pattern of nvml.h: ``*pageCount`` 0 is a size probe answering
+  INSUFFICIENT_SIZE with the count (SUCCESS when there is none); a count too small answers
+  INSUFFICIENT_SIZE with the needed size. ``nvmlDeviceGetRetiredPagesPendingStatus``:
+  ``retired_pages.pending``.
 - ``nvmlDeviceGetViolationStatus(device, policy, nvmlViolationTime_t *)``: ``referenceTime``
   (µs) and ``violationTime`` (ns, cumulative).
 - ``nvmlDeviceGetEncoderStats(device, unsigned *sessions, unsigned *fps, unsigned *latency)``:
@@ -28,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from nvmlsim import codes
 from nvmlsim.faults import pick
-from nvmlsim.memio import put_u32, put_u64, view
+from nvmlsim.memio import get_u32, put_u32, put_u64, view
 from nvmlsim.model.board import VIOLATION_POLICIES
 from nvmlsim.model.values import evaluate
 from nvmlsim.symbols.base import U32, Call, P, Symbol
@@ -37,7 +44,7 @@ from nvmlsim.world import DeviceState
 if TYPE_CHECKING:
     from nvmlsim.driver import SimDriver
 
-__all__ = ["SYMBOLS", "BAR1", "VIOLATION_TIME", "NVLINK_ERRORS"]
+__all__ = ["SYMBOLS", "BAR1", "VIOLATION_TIME", "NVLINK_ERRORS", "retired_page_address"]
 
 BAR1 = struct.Struct("<QQQ")  # nvmlBAR1Memory_t: bar1Total, bar1Free, bar1Used
 VIOLATION_TIME = struct.Struct("<QQ")  # nvmlViolationTime_t: referenceTime, violationTime
@@ -59,7 +66,8 @@ def _nvlink_state(
         return codes.NOT_SUPPORTED
     if not 0 <= link < nvlink.links:
         return codes.INVALID_ARGUMENT
-    put_u32(out, int(pick(call.overrides, "value", int(link not in nvlink.down))))
+    up = nvlink.is_up(link, call.t, call.cycle)
+    put_u32(out, int(pick(call.overrides, "value", int(up))))
     return codes.SUCCESS
 
 
@@ -139,13 +147,54 @@ def _remapped(
     if not (corr and unc and pend and fail):
         return codes.INVALID_ARGUMENT
     rows = target.spec.remapped_rows
-    if rows is None:
+    if rows is None or target.mig_enabled:  # nvml.h: NOT_SUPPORTED "If MIG is enabled"
         return codes.NOT_SUPPORTED
     ov = call.overrides
     put_u32(corr, int(pick(ov, "corrRows", _at(rows.correctable, call))))
     put_u32(unc, int(pick(ov, "uncRows", _at(rows.uncorrectable, call))))
-    put_u32(pend, int(pick(ov, "isPending", int(rows.pending))))
-    put_u32(fail, int(pick(ov, "failureOccurred", int(rows.failure))))
+    put_u32(pend, int(pick(ov, "isPending", int(bool(_at(rows.pending, call))))))
+    put_u32(fail, int(pick(ov, "failureOccurred", int(bool(_at(rows.failure, call))))))
+    return codes.SUCCESS
+
+
+_RETIREMENT_CAUSES = {0: "single_bit", 1: "double_bit"}
+"""``nvmlPageRetirementCause_t``: MULTIPLE_SINGLE_BIT_ECC_ERRORS (0), DOUBLE_BIT_ECC_ERROR (1)."""
+
+
+def retired_page_address(cause: int, k: int) -> int:
+    """Return the address (synthetic, page-aligned, distinct) of the k-th page of ``cause``."""
+    return ((cause + 1) << 36) | ((k + 1) << 12)
+
+
+def _retired_pages(
+    drv: SimDriver, call: Call, target: DeviceState, h: int, cause: int, count: int, out: int
+) -> int:
+    if not count or cause not in _RETIREMENT_CAUSES:
+        return codes.INVALID_ARGUMENT
+    retired = target.spec.retired_pages
+    if retired is None:
+        return codes.NOT_SUPPORTED
+    n = max(0, _at(getattr(retired, _RETIREMENT_CAUSES[cause]), call))
+    room = get_u32(count)
+    put_u32(count, n)
+    if room == 0:  # the size probe: "Set to 0 to query the size" (nvml.h)
+        return codes.INSUFFICIENT_SIZE if n else codes.SUCCESS
+    if room < n:
+        return codes.INSUFFICIENT_SIZE  # pageCount "is set to the needed size"
+    if not out:
+        return codes.INVALID_ARGUMENT
+    for k in range(n):
+        put_u64(out + 8 * k, retired_page_address(cause, k))
+    return codes.SUCCESS
+
+
+def _retired_pending(drv: SimDriver, call: Call, target: DeviceState, h: int, out: int) -> int:
+    if not out:
+        return codes.INVALID_ARGUMENT
+    retired = target.spec.retired_pages
+    if retired is None:
+        return codes.NOT_SUPPORTED
+    put_u32(out, int(pick(call.overrides, "value", int(retired.pending))))
     return codes.SUCCESS
 
 
@@ -188,6 +237,8 @@ SYMBOLS = [
     Symbol("nvmlDeviceGetFanSpeed_v2", (P, U32, P), _fan_speed, arg=1),
     Symbol("nvmlDeviceGetBAR1MemoryInfo", (P, P), _bar1),
     Symbol("nvmlDeviceGetRemappedRows", (P, P, P, P, P), _remapped),
+    Symbol("nvmlDeviceGetRetiredPages", (P, U32, P, P), _retired_pages, arg=1),
+    Symbol("nvmlDeviceGetRetiredPagesPendingStatus", (P, P), _retired_pending),
     Symbol("nvmlDeviceGetViolationStatus", (P, U32, P), _violation, arg=1),
     Symbol("nvmlDeviceGetEncoderStats", (P, P, P, P), _encoder_stats),
 ]

@@ -10,17 +10,19 @@ no longer than ``timeoutms`` of real time (whatever the clock: a manual clock's 
 wakes it so that scenario events due by then are delivered) and answers TIMEOUT. While it
 waits it releases the driver lock, so other calls proceed. A set used after ``nvmlEventSetFree``
 (or an unknown one) answers INVALID_ARGUMENT and records an ``invalid_event_set`` violation,
-since the real library would read freed memory.
+since the real library would read freed memory. A set left undefined by a registration that
+answered UNKNOWN answers UNKNOWN to anything but ``nvmlEventSetFree`` and records an
+``undefined_event_set`` violation.
 """
 
 from __future__ import annotations
 
 import struct
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nvmlsim import codes
-from nvmlsim.eventsets import EventSets
+from nvmlsim.eventsets import EventSets, EventSetState
 from nvmlsim.memio import put_pointer, put_u64, view
 from nvmlsim.symbols.base import U32, U64, Call, P, Symbol
 from nvmlsim.world import DeviceState
@@ -63,13 +65,31 @@ def _supported(drv: SimDriver, call: Call, target: DeviceState, h: int, out: int
     return codes.SUCCESS
 
 
+def _undefined(drv: SimDriver, call: Call, es: EventSetState) -> int:
+    drv.violation(
+        "undefined_event_set",
+        call.name,
+        f"event set {es.handle:#x} is undefined after a registration answered UNKNOWN; free it",
+    )
+    return codes.UNKNOWN
+
+
 def _register(
     drv: SimDriver, call: Call, target: DeviceState, h: int, mask: int, handle: int | None
 ) -> int:
     es = drv.event_sets.lookup(handle)
     if es is None:
         return _bad_set(drv, call, handle)
+    if es.undefined:
+        return _undefined(drv, call, es)
     return drv.event_sets.register(es, target, mask, call.now_us)
+
+
+def _register_failed(drv: SimDriver, args: tuple[Any, ...], code: int) -> None:
+    """Mark the set of a registration that answered UNKNOWN undefined (nvml.h)."""
+    es = drv.event_sets.lookup(args[2])
+    if es is not None and code == codes.UNKNOWN:
+        es.undefined = True
 
 
 def _wait(
@@ -78,6 +98,8 @@ def _wait(
     es = drv.event_sets.lookup(handle)
     if es is None:
         return _bad_set(drv, call, handle)
+    if es.undefined:
+        return _undefined(drv, call, es)
     if not out:
         return codes.INVALID_ARGUMENT
     end = time.monotonic() + timeout_ms / 1000.0
@@ -103,7 +125,7 @@ def _wait(
         if due is not None and not drv.clock.manual:
             left = min(left, max(0.0, (due - drv.clock.now_us()) / 1e6))
         drv.event_wakeup.wait(left)  # releases the driver lock while it waits
-        if drv.closed or drv.init_count == 0:
+        if drv.closed or drv.init_count == 0 or drv.reloaded:
             return codes.UNINITIALIZED
         if drv.event_sets.lookup(handle) is not es:
             return _bad_set(drv, call, handle)  # freed by another thread while waiting
@@ -114,6 +136,6 @@ SYMBOLS = [
     Symbol("nvmlEventSetCreate", (P,), _create, target="none"),
     Symbol("nvmlEventSetFree", (P,), _free, target="none"),
     Symbol("nvmlDeviceGetSupportedEventTypes", (P, P), _supported),
-    Symbol("nvmlDeviceRegisterEvents", (P, U64, P), _register),
+    Symbol("nvmlDeviceRegisterEvents", (P, U64, P), _register, on_fault=_register_failed),
     Symbol("nvmlEventSetWait_v2", (P, P, U32), _wait, target="none"),
 ]

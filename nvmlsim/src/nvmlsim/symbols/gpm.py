@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import pynvml
@@ -108,7 +109,7 @@ def _mig_sample(
     return codes.SUCCESS
 
 
-def _source_metrics(drv: SimDriver, buf: GpmSample) -> dict[int, Dyn] | None:
+def _source_metrics(drv: SimDriver, buf: GpmSample) -> Mapping[int, Dyn] | None:
     devices = drv.world.devices
     if buf.device is None or not 0 <= buf.device < len(devices):
         return None

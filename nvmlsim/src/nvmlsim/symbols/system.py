@@ -1,7 +1,9 @@
 """Library lifecycle, system queries and device enumeration.
 
 Init keeps NVML's reference count: every successful ``nvmlInitWithFlags`` adds one, every
-``nvmlShutdown`` removes one, and at zero every other call answers UNINITIALIZED.
+``nvmlShutdown`` removes one, and at zero every other call answers UNINITIALIZED. After a
+``reload_driver`` event every call answers UNINITIALIZED until the count is back to 0 and a
+new ``nvmlInit`` starts a session on the reloaded module.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def _shutdown(drv: SimDriver, call: Call, target: None) -> int:
         )
     drv.init_count -= 1
     if drv.init_count == 0:
+        drv.reloaded = False  # a reloaded driver answers again after the next nvmlInit
         left = drv.event_sets.open_sets()
         if left and drv.strict:
             drv.violation("event_set_not_freed", call.name, f"{left} event set(s) never freed")

@@ -57,7 +57,7 @@ func NewTelemetryBuilder(settings component.TelemetrySettings) (*TelemetryBuilde
 	b.GpumetricsExporterProcessesUnchanged = counter("otelcol_gpumetrics_exporter_processes_unchanged",
 		"Profile resources whose process was already declared with the same attributes and start time; nothing was sent for them.", "{resource}")
 	b.GpumetricsExporterDeclarationsFailed = counter("otelcol_gpumetrics_exporter_declarations_failed",
-		"Profile resources not declared, by reason: rejected (the sidecar refused the declaration), capacity (max_processes processes are held), no_pid (no int process.pid attribute), gone (the process had exited before its profile arrived).", "{declaration}")
+		"Profile resources not declared as they arrived, by reason: rejected (the sidecar refused the declaration), capacity (max_processes processes are held), no_pid (no int process.pid attribute), gone (the process had exited before its profile arrived, or proc_root is another pid namespace), mismatch (proc_root shows another process under the pid: another executable or start time; proc_root is not the profiler's pid namespace), invalid_utf8 (a key or string value was not UTF-8: declared all the same, each invalid run of bytes replaced by U+FFFD, so also counted in processes_declared).", "{declaration}")
 	b.GpumetricsExporterProcessesExited = counter("otelcol_gpumetrics_exporter_processes_exited",
 		"Declarations released, by reason: gone (the pid is no longer in proc_root), restarted (the pid's start time changed: another process), expired (no profile for expire_after).", "{process}")
 	b.GpumetricsExporterProcesses = gauge("otelcol_gpumetrics_exporter_processes",
