@@ -3,6 +3,7 @@ package declarer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -415,6 +416,38 @@ func TestAResyncSendsItsDeclarationsInBatches(t *testing.T) {
 	assert.Equal(t, map[int]int{1: batchMax, 2: batchMax, 3: 600 - 2*batchMax}, batches)
 	waitStats(t, c, "every declaration answered", func(s Stats) bool {
 		return s.Declared == 600 && s.Pending == 0
+	})
+}
+
+func TestABatchStaysWithinTheSidecarsElementCount(t *testing.T) {
+	// 100 processes of 99 environment variables each: 100 elements apiece as the sidecar counts
+	// them before parsing (server.max_request_elements), 10 000 in all; one DeclareBatch of
+	// them would be refused unparsed at the default 1 MiB receive limit (8192 elements)
+	srv := declaretest.New()
+	lis := declaretest.NewListener(t, srv)
+	lis.Start()
+	c := newClient(t, lis.Endpoint, Options{Name: "agent"})
+	all := make([]Process, 100)
+	for i := range all {
+		all[i] = proc(uint32(2000+i), uint64(i), "worker")
+		for v := 0; v < 99; v++ {
+			all[i].Environment = append(all[i].Environment, EnvVar{Name: fmt.Sprintf("V%d", v), Value: []byte("1")})
+		}
+	}
+	require.NoError(t, c.Resync(all))
+	ev := srv.WaitFor(t, "a resync of the 100", func(ev []declaretest.Event) bool {
+		return hasSuffix(ev, "1:resync_end") && declaretest.LastDeclare(ev, 2099) != nil
+	})
+	batches := map[int]int{}
+	for _, e := range ev {
+		if e.Kind() == "declare" {
+			batches[e.Batch]++
+		}
+	}
+	per := batchElements / 100 // whole declarations of 100 elements in one batch
+	assert.Equal(t, map[int]int{1: per, 2: per, 3: 100 - 2*per}, batches)
+	waitStats(t, c, "every declaration answered", func(s Stats) bool {
+		return s.Declared == 100 && s.Pending == 0
 	})
 }
 

@@ -25,12 +25,16 @@ const (
 	kindDeclareBatch
 )
 
-// Declarations go in DeclareBatch events of at most batchMax entries and batchBytes encoded
-// bytes (the first one that is reached), far below the sidecar's defaults
-// (server.max_declarations_per_request 4096, a 4 MiB message).
+// Declarations go in DeclareBatch events of at most batchMax entries, batchBytes encoded bytes
+// and batchElements repeated elements (the first one that is reached), below the sidecar's
+// defaults: server.max_declarations_per_request 4096, a 1 MiB message
+// (server.max_receive_message_bytes), and the 8192 repeated elements it counts in a message of
+// that size before parsing it (server.max_request_elements: each entry and each of its
+// environment variables is one). A single declaration over a bound goes alone.
 const (
-	batchMax   = 256
-	batchBytes = 512 << 10
+	batchMax      = 256
+	batchBytes    = 512 << 10
+	batchElements = 4096
 )
 
 // sentEvent is a message sent and not yet answered (the sidecar answers every message once, in
@@ -75,6 +79,7 @@ type session struct {
 	batching batching    // the sending goroutine's
 	pending  []change    // declarations gathered for the next DeclareBatch
 	size     int         // their encoded bytes
+	elements int         // their repeated elements, as the sidecar counts them
 }
 
 var (
@@ -241,13 +246,15 @@ func (s *session) declare(pid uint32, e *entry) error {
 		return s.declareOne(pid, e)
 	}
 	size := proto.Size(e.decl)
-	if len(s.pending) > 0 && s.size+size > batchBytes {
+	elements := 1 + len(e.decl.GetEnvironment())
+	if len(s.pending) > 0 && (s.size+size > batchBytes || s.elements+elements > batchElements) {
 		if err := s.flush(); err != nil {
 			return err
 		}
 	}
 	s.pending = append(s.pending, change{pid, e})
 	s.size += size
+	s.elements += elements
 	if len(s.pending) >= batchMax {
 		return s.flush()
 	}
@@ -267,7 +274,7 @@ func (s *session) flush() error {
 	if len(batch) == 0 {
 		return nil
 	}
-	s.pending, s.size = nil, 0
+	s.pending, s.size, s.elements = nil, 0, 0
 	if s.batching == batchNo {
 		for _, ch := range batch {
 			s.c.unsent.Add(-1)
