@@ -464,17 +464,23 @@ def test_xid_999_is_recorded_and_counted_as_nvmls_unknown_xid(nvml_run, helpers)
     assert counted.value == 2 and counted.attrs["nvidia.gpu.xid.code"] == 999
 
 
+def _f11_run(nvml_run: Any, helpers: Any) -> tuple[Any, Sink, str]:
+    """F11 (GPU 1 of 4 lost at cycle 4, back after a reset at 8) with xid events, started at
+    cycle 1: the run, its event sink and the lost GPU's UUID."""
+    data = yaml.safe_load(sim.field_case_path("F11_gpu_lost_and_back").read_text())
+    for dev in data["devices"]:
+        dev["supported_events"] = ["xid"]
+    run = nvml_run(data, helpers.settings(device_backoff_initial_s=2.0, device_backoff_max_s=2.0))
+    sink = attach(run)
+    start(run, gpus=len(data["devices"]))
+    return run, sink, str(data["devices"][1]["uuid"])
+
+
 def test_one_lost_gpu_logs_one_warning(nvml_run, helpers, caplog):
     """Issue 28 item 4: losing one GPU logged five WARNING/ERROR lines (the registration, "is
     lost", a getter, the state change, a handle lookup). One line per state change now; the
     detail is at DEBUG."""
-    data = yaml.safe_load(sim.field_case_path("F11_gpu_lost_and_back").read_text())
-    for dev in data["devices"]:
-        dev["supported_events"] = ["xid"]
-    lost_uuid = data["devices"][1]["uuid"]
-    run = nvml_run(data, helpers.settings(device_backoff_initial_s=2.0, device_backoff_max_s=2.0))
-    sink = attach(run)
-    start(run, gpus=len(data["devices"]))
+    run, sink, lost_uuid = _f11_run(nvml_run, helpers)
     run.cycle(2)  # cycles 2-3
     with caplog.at_level(logging.DEBUG, logger="gpumetrics"):
         run.cycle()  # cycle 4: the GPU falls off the bus, during the listener's wait
@@ -521,3 +527,25 @@ def test_the_sidecar_recovers_from_a_driver_reload(nvml_run, helpers):
     assert energy[-1].value < energy[0].value  # restarted with the module: a new series
     assert energy[-1].start > energy[0].start
     assert run.col.stop(5.0) and run.drv.violations == []
+
+
+def test_a_lost_gpu_is_not_registered_again_on_the_record_it_was_lost_on(nvml_run, helpers, caplog):
+    """After a reset, the lost GPU's old handle answers INVALID_ARGUMENT (F11). A listener
+    refresh that still holds the record the GPU was lost on (the collector has not yet read the
+    new handle: a race a loaded machine loses) registered that stale handle and logged a WARNING
+    for what is expected; the lost record now waits for the collector's new one."""
+    run, sink, lost_uuid = _f11_run(nvml_run, helpers)
+    run.cycle(3)  # cycles 2-4: the GPU falls off the bus at 4
+    (lost,) = sink.wait_seen(1)
+    run.cycle(3)  # cycles 5-7; the driver is now at cycle 8: back after a reset, not yet read
+    ev, devices = run.col.events, list(run.col._devices)
+    assert ev is not None and any(d.uuid == lost_uuid and d.health.failed for d in devices)
+    caplog.clear()  # the loss's one WARNING: test_one_lost_gpu_logs_one_warning's
+    with caplog.at_level(logging.DEBUG, logger="gpumetrics"):
+        ev.sync(devices[::-1], run.col._generation)  # a changed signature: a refresh, same records
+        assert ev.wait_registered(3, DEADLINE_S)
+    assert lost.type == "gpu_lost"
+    assert run.errors("nvmlDeviceRegisterEvents", "INVALID_ARGUMENT") == 0
+    assert _warnings(caplog) == []
+    run.cycle()  # cycle 8: the collector reads the new handle; its events resume
+    assert ev.wait_registered(4, DEADLINE_S)

@@ -39,6 +39,7 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_REJECTED",
     "CommandError",
+    "acknowledge",
     "cmd_count_gpus",
     "cmd_declare",
     "cmd_pull",
@@ -418,18 +419,42 @@ def cmd_pull(
         )
         print(render_json(otlp) if args.format == "json" else render_text(response, otlp), file=out)
         out.flush()
-        if not args.no_ack:
-            ack = pull_pb2.PullRequest(
-                consumer=args.consumer,
-                ack_sequence=response.last_sequence,
-                ack_epoch=response.epoch,
-                ack_only=True,
-            )
-            try:
-                stub.Pull(ack, timeout=max(end - clock(), _MIN_ACK_S), metadata=metadata)
-            except grpc.RpcError as err:
-                raise _rpc_error("acknowledging the pull from", args.address, err) from None
+        acknowledge(
+            stub.Pull, pull_pb2.PullRequest, response, args, metadata, end - clock(), "pull"
+        )
     return EXIT_OK
+
+
+def acknowledge(
+    call: Callable[..., Any],
+    request_type: Callable[..., Any],
+    response: Any,
+    args: argparse.Namespace,
+    metadata: Any,
+    left_s: float,
+    what: str,
+) -> None:
+    """Acknowledge ``response`` (a pull answer) unless ``--no-ack``.
+
+    The acknowledgement is an ``ack_only`` request of ``request_type`` (``PullRequest``,
+    ``PullLogsRequest``) sent on ``call``; it gets ``left_s`` of the deadline, at least 1 s.
+
+    Raises:
+        CommandError: the acknowledgement failed (named ``acknowledging the <what> from``).
+
+    """
+    if args.no_ack:
+        return
+    ack = request_type(
+        consumer=args.consumer,
+        ack_sequence=response.last_sequence,
+        ack_epoch=response.epoch,
+        ack_only=True,
+    )
+    try:
+        call(ack, timeout=max(left_s, _MIN_ACK_S), metadata=metadata)
+    except grpc.RpcError as err:
+        raise _rpc_error(f"acknowledging the {what} from", args.address, err) from None
 
 
 def nothing_new(args: argparse.Namespace, epoch: str, out: TextIO) -> None:

@@ -16,17 +16,15 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-import grpc
 from google.protobuf import json_format
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 
 from gpumetrics.cli.client import (
-    _MIN_ACK_S,
     EXIT_OK,
     _check_times,
     _pull_waiting,
-    _rpc_error,
     _value,
+    acknowledge,
     nothing_new,
     open_channel,
     point_time,
@@ -109,15 +107,8 @@ def cmd_pull_logs(
         text = render_logs_json(otlp) if args.format == "json" else render_logs_text(response, otlp)
         print(text, file=out)
         out.flush()
-        if not args.no_ack:
-            ack = logs_pull_pb2.PullLogsRequest(
-                consumer=args.consumer,
-                ack_sequence=response.last_sequence,
-                ack_epoch=response.epoch,
-                ack_only=True,
-            )
-            try:
-                stub.PullLogs(ack, timeout=max(end - clock(), _MIN_ACK_S), metadata=metadata)
-            except grpc.RpcError as err:
-                raise _rpc_error("acknowledging the pull-logs from", args.address, err) from None
+        acknowledge(
+            stub.PullLogs, logs_pull_pb2.PullLogsRequest, response, args, metadata,
+            end - clock(), "pull-logs",
+        )  # fmt: skip
     return EXIT_OK

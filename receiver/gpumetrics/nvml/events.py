@@ -170,7 +170,8 @@ class EventListener:
         self._masks: dict[str, int] = {}
         self._lacking: dict[str, int] = {}  # uuid -> the configured types it lacks (logged)
         self._retry: dict[str, _Retry] = {}  # uuid -> registration retried on back-off
-        self._lost: dict[str, int] = {}  # uuid -> id() of the record it was lost on
+        # uuid -> the record it was lost on (held, so that record is never mistaken for a new one)
+        self._lost: dict[str, Device] = {}
         self._new_set_needed = False  # a registered GPU was lost: this set answers GPU_IS_LOST
         self._disabled_generation = -1
         self._set_calls = DeviceCalls("event set", telemetry, self._log)
@@ -190,7 +191,7 @@ class EventListener:
                 self._mark_lost(d, d.health.reason)
         with self._cond:
             for d in devs:  # a new record of a lost GPU that is healthy: that loss is over
-                if not d.health.failed and self._lost.get(d.uuid, id(d)) != id(d):
+                if not d.health.failed and self._lost.get(d.uuid, d) is not d:
                     del self._lost[d.uuid]
             if self._stopping:
                 return
@@ -397,6 +398,12 @@ class EventListener:
             return False  # no handle yet, or a MIG instance (NVML registers GPUs only)
         if handle_value(dev.handle) in self._registered:
             return False
+        with self._cond:
+            if self._lost.get(dev.uuid) is dev:
+                # Lost on this record: its handle answers GPU_IS_LOST, or after a reset
+                # INVALID_ARGUMENT (a retired handle). It is registered again on the record the
+                # collector makes when it reads the GPU's new handle.
+                return False
         retry = self._retry.get(dev.uuid)
         return retry is None or retry.backoff.due(time.monotonic_ns())
 
@@ -542,7 +549,7 @@ class EventListener:
         with self._cond:
             if dev.uuid in self._lost:
                 return
-            self._lost[dev.uuid] = id(dev)
+            self._lost[dev.uuid] = dev
         self._log.debug("GPU %s is lost (%s); its events stop until it is back", dev.uuid, reason)
         self._sink.record(
             GpuEvent(
