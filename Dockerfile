@@ -13,8 +13,14 @@
 # docs/deployment.md covers the PID namespace, mounts, privileges and probes.
 
 FROM python:3.11-slim-bookworm AS build
+# A C compiler for the optional compiled kernels of the OTLP encoder (setup.py); only this
+# stage has it: the image gets the built extension, not the compiler.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY receiver/gpumetrics ./receiver/gpumetrics
 COPY nvmlsim/pyproject.toml nvmlsim/README.md ./nvmlsim/
 COPY nvmlsim/src ./nvmlsim/src

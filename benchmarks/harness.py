@@ -228,6 +228,33 @@ def machine() -> dict[str, Any]:
     }
 
 
+KERNEL_CHOICES = ("auto", "compiled", "python")
+"""``--kernels`` of the in-process benchmarks: the bulk encoder's inner loops."""
+
+
+def select_kernels(which: str) -> str:
+    """Encode with the ``compiled`` or ``python`` kernels (``auto``: as installed); return which.
+
+    The code before the bulk encoder (issue 24; run with its ``receiver/`` first on
+    ``PYTHONPATH``) reports ``per-point encoder``.
+
+    Raises:
+        SystemExit: ``which`` is not ``auto`` and this code has no bulk encoder, or
+            ``compiled`` was asked and the compiled kernels were not built.
+
+    """
+    try:
+        from gpumetrics.metrics import bulk
+    except ImportError:
+        if which != "auto":
+            raise SystemExit(f"--kernels {which}: this code has no bulk encoder") from None
+        return "per-point encoder"
+    try:
+        return str(bulk.use_kernels(which))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
 def emit(name: str, result: Mapping[str, Any]) -> None:
     """Print ``result`` as this benchmark's JSON line (``RESULT_PREFIX`` + JSON)."""
     print(RESULT_PREFIX + json.dumps({"benchmark": name, **result}, sort_keys=True), flush=True)

@@ -12,12 +12,14 @@ by several metrics (one ``nvmlDeviceGetMemoryInfo`` for usage, limit and utilisa
 once. Sources on a slow cadence (PCIe, ECC) count ``interval_s / cadence`` per cycle.
 Fallbacks (the utilisation/power snapshots read only when a sample buffer is empty, v1 calls on
 old drivers) are not part of the minimum, nor are reads made once per device (static
-properties, the fan count, the power limit constants, GPM support and buffers).
+properties, the fan count, the power limit constants, GPM support and buffers), nor the
+per-link calls that stand in for a field the driver does not answer.
 
 Some sources depend on the device (:class:`Facts`, read from the scenario's device by
-:func:`device_facts`): NVLink state per link and error counters per active link, one speed
-read per fan, one violation read per policy the board reports, and sources the device does not
-support at all, which cost nothing once their first answer disabled them.
+:func:`device_facts`): one field-values read for the state of every NVLink link, one for the
+error counters of the active links and one per-link call for each CRC counter of links 12 and
+up, one speed read per fan, one violation read per policy the board reports, and sources the
+device does not support at all, which cost nothing once their first answer disabled them.
 
 :func:`check_catalogue` keeps the table honest: every GPU metric of the catalogue must be
 in it, and every C call named for it must appear in that metric's ``nvml`` text, so a metric
@@ -45,7 +47,9 @@ class Source:
     cadence: str = "tick"
     per_process: bool = False
     per: str = "device"
-    """``device``, or ``link`` / ``active_link`` / ``fan`` / ``policy`` (calls × that count)."""
+    """``device``, or ``link`` / ``active_link`` / ``active_link_12_up`` / ``fan`` / ``policy``
+    (calls × that count), or ``if_links`` / ``if_active`` (once when the GPU has links / any
+    link is active)."""
     key: str = ""
     """Tells apart reads of one call for different concerns (sampling type, field set)."""
 
@@ -54,6 +58,10 @@ _GPM = (Source("nvmlGpmSampleGet", 1, key="gpm"), Source("nvmlGpmMetricsGet", 1,
 _REMAP = (Source("nvmlDeviceGetRemappedRows", 1, cadence="errors"),)
 _RETIRED = (Source("nvmlDeviceGetFieldValues", 1, cadence="errors", key="retired_pages"),)
 _BAR1 = (Source("nvmlDeviceGetBAR1MemoryInfo", 1),)
+_LINK_STATE = Source(
+    "nvmlDeviceGetFieldValues", 1, cadence="errors", per="if_links", key="nvlink_state"
+)
+"""Every link's state in one field-values read (the per-link call is a fallback)."""
 _ENCODER = (Source("nvmlDeviceGetEncoderStats", 1),)
 _PROCESS_LISTS = (
     # compute (the data call when non-empty), graphics and MPS (the sizing call: empty)
@@ -79,7 +87,13 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     "hw.status": (),  # the device state machine: no call of its own
     "hw.errors": (
         Source("nvmlDeviceGetTotalEccErrors", 2, cadence="errors"),
-        Source("nvmlDeviceGetNvLinkErrorCounter", 4, cadence="errors", per="active_link"),
+        _LINK_STATE,  # which links are active
+        # every active link's counters in one field-values read (links 0-11: all four;
+        # 12+: replay and recovery), CRC flit and data of links 12+ by the per-link call
+        Source(
+            "nvmlDeviceGetFieldValues", 1, cadence="errors", per="if_active", key="nvlink_errors"
+        ),
+        Source("nvmlDeviceGetNvLinkErrorCounter", 2, cadence="errors", per="active_link_12_up"),
     ),
     "nvidia.gpu.memory_copy.utilization": (Source("nvmlDeviceGetSamples", 1),),
     "nvidia.gpu.power.limit": (Source("nvmlDeviceGetEnforcedPowerLimit", 1),),
@@ -104,7 +118,7 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     "nvidia.gpu.encoder.sessions": _ENCODER,
     "nvidia.gpu.encoder.fps": _ENCODER,
     "nvidia.gpu.encoder.latency": _ENCODER,
-    "hw.network.up": (Source("nvmlDeviceGetNvLinkState", 1, cadence="errors", per="link"),),
+    "hw.network.up": (_LINK_STATE,),
     "nvidia.gpu.nvlink.io": (Source("nvmlDeviceGetFieldValues", 1, key="nvlink"),),
     "nvidia.gpu.prof.graphics_engine.activity": _GPM,
     "nvidia.gpu.prof.sm.activity": _GPM,
@@ -138,7 +152,8 @@ class Facts:
     """What one device has, where a source's cost depends on it.
 
     Attributes:
-        links: NVLink links (state reads); active_links: links that are up (error reads).
+        links: NVLink links (state reads); active_links: links that are up (error reads);
+        active_links_12_up: those numbered 12 and up (no per-link CRC field: per-link calls).
         fans: fans (speed reads); policies: violation policies the board reports.
         unsupported: catalogue metrics the device does not report at all.
 
@@ -146,6 +161,7 @@ class Facts:
 
     links: int = 0
     active_links: int = 0
+    active_links_12_up: int = 0
     fans: int = 0
     policies: int = 8
     unsupported: frozenset[str] = field(default_factory=frozenset)
@@ -176,11 +192,14 @@ def device_facts(device: Mapping[str, Any]) -> Facts:
     unsupported = {m for key, ms in _MODEL_METRICS.items() if device.get(key) is None for m in ms}
     nvlink = device.get("nvlink") or {}
     links = int(nvlink.get("links", 0))
+    always_down = {d for d in nvlink.get("down", ()) if isinstance(d, int)}  # not the windows
+    active = [n for n in range(links) if n not in always_down]
     fans = device.get("fans_percent")
     violations = device.get("violations_ns") or {}
     return Facts(
         links=links,
-        active_links=links - sum(isinstance(d, int) for d in nvlink.get("down", ())),  # always down
+        active_links=len(active),
+        active_links_12_up=sum(n >= 12 for n in active),
         fans=len(fans) if fans is not None else int(device.get("fan_percent") is not None),
         policies=sum(v is not None for v in violations.values()),
         unsupported=frozenset(unsupported),
@@ -240,6 +259,9 @@ def minimum_calls(
         "device": 1,
         "link": facts.links,
         "active_link": facts.active_links,
+        "active_link_12_up": facts.active_links_12_up,
+        "if_links": int(facts.links > 0),
+        "if_active": int(facts.active_links > 0),
         "fan": facts.fans,
         "policy": facts.policies,
     }

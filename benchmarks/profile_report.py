@@ -26,6 +26,8 @@ AREAS: tuple[tuple[str, str], ...] = (
     ("simulated driver", "nvmlsim/"),
     ("nvidia-ml-py", "pynvml.py"),
     ("OTLP encoding", "gpumetrics/metrics/encode"),
+    ("OTLP encoding", "gpumetrics/metrics/bulk"),
+    ("OTLP encoding", "gpumetrics/metrics/kernels"),
     ("producer", "gpumetrics/metrics/"),
     ("identity", "gpumetrics/identity/"),
     ("store", "gpumetrics/store/"),

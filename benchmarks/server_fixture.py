@@ -1,6 +1,7 @@
 """The sidecar's real gRPC server in its own process, for the pull and profiler benchmarks.
 
-``python -m benchmarks.server_fixture [--batches FILE] [--max-consumers N] [--no-procfs]``
+``python -m benchmarks.server_fixture [--batches FILE] [--max-consumers N] [--no-procfs]
+[--declared-max-bytes N]``
 
 Builds what ``gpumetrics.runtime.sidecar.Sidecar`` builds for serving, minus collection (and,
 as ``serve`` does, pins the allocator's mmap threshold, ``gpumetrics.runtime.memory``): the
@@ -10,8 +11,10 @@ limits, ``pid_max`` 4194304 and the real procfs start-time reader, and ``Sidecar
 default ``ServerSettings`` on ``127.0.0.1:0``. ``--batches`` appends serialized batches first
 (the file written by :func:`write_batches`). ``--no-procfs`` gives the declared store no
 start-time reader, so declarations of pids that do not exist here are kept (a benchmark of the
-store's own bounds). It prints ``ADDR host:port`` and serves until its standard input closes, so
-a client in another process measures the server without sharing its GIL; then ``DECLARED n``.
+store's own bounds). ``--declared-max-bytes`` raises the declared store's byte budget
+(``identity.declared.max_bytes``) for a benchmark that must hold all it declares. It prints
+``ADDR host:port`` and serves until its standard input closes, so a client in another process
+measures the server without sharing its GIL; then ``DECLARED n``.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def main() -> int:
     ap.add_argument("--batches", type=Path)
     ap.add_argument("--max-consumers", type=int, default=StoreLimits().max_consumers)
     ap.add_argument("--no-procfs", action="store_true")
+    ap.add_argument("--declared-max-bytes", type=int, default=None)
     args = ap.parse_args()
     try:  # what `gpumetrics serve` does first (absent from older checkouts)
         from gpumetrics.runtime.memory import return_large_buffers_to_the_os
@@ -74,7 +78,8 @@ def main() -> int:
             store.append_serialized(data, points)
     procfs = ProcfsReader("/proc", host_pid_namespace=True)
     reader = None if args.no_procfs else procfs.start_time_ticks
-    declared = DeclaredStore(pid_max=4_194_304, start_time_reader=reader)
+    limits = {} if args.declared_max_bytes is None else {"max_bytes": args.declared_max_bytes}
+    declared = DeclaredStore(pid_max=4_194_304, start_time_reader=reader, **limits)
     health = SidecarHealth()
     server = SidecarServer(
         ServerSettings(

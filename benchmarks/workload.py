@@ -28,9 +28,15 @@ PID_STRIDE = 10_000
 
 
 def sizing_node(
-    gpus: int = 8, processes_per_gpu: int = 8, profile: str = "h100-8x-training"
+    gpus: int = 8,
+    processes_per_gpu: int = 8,
+    profile: str = "h100-8x-training",
+    resource_cache_max_bytes: int | None = None,
 ) -> tuple[Any, Collector, Producer]:
     """The simulated node of :func:`node_batches`, installed: ``(driver, collector, producer)``.
+
+    ``resource_cache_max_bytes`` is the resourcer's ``cache_max_bytes``
+    (``identity.resource_limits.cache_max_bytes``; None: its default, 16 MiB).
 
     The caller runs ``collector.collect_once()`` / ``driver.next_cycle()`` per simulated second
     and ``producer.collect()`` per batch, then ``collector.stop()`` and ``nvmlsim.uninstall()``.
@@ -52,6 +58,9 @@ def sizing_node(
     producer = Producer(
         host_attributes={"host.name": "gpu-node-7"}, telemetry=tel, self_telemetry=tel
     )
+    options: dict[str, Any] = {}
+    if resource_cache_max_bytes is not None:
+        options["cache_max_bytes"] = resource_cache_max_bytes
     producer.set_process_resourcer(
         new_process_resourcer(
             None,
@@ -60,6 +69,7 @@ def sizing_node(
             True,
             procfs=MemoryProcfs(starts),
             read_process_context=False,
+            **options,
         )
     )
     col = Collector(producer, settings, tel, clock_ns=now_ns, monotonic_ns=now_ns)

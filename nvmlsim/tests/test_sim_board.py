@@ -73,6 +73,46 @@ def test_nvlink_state_errors_and_field_values(simulate):
     assert [values[i].value.ullVal for i in (1, 2, 3)] == [1200, 77, 6]
 
 
+def test_nvlink_state_and_error_fields_by_link(simulate):
+    simulate(_scenario(), latency="off")
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    state = pynvml.NVML_FI_DEV_NVLINK_GET_STATE
+    values = pynvml.nvmlDeviceGetFieldValues(h, [(state, link) for link in range(5)])
+    assert [v.nvmlReturn for v in values] == [0, 0, 0, 0, pynvml.NVML_ERROR_NOT_SUPPORTED]
+    assert [v.value.uiVal for v in values[:4]] == [
+        pynvml.NVML_NVLINK_STATE_ACTIVE,
+        pynvml.NVML_NVLINK_STATE_ACTIVE,
+        pynvml.NVML_NVLINK_STATE_INACTIVE,
+        pynvml.NVML_NVLINK_STATE_ACTIVE,
+    ]
+    errors = pynvml.nvmlDeviceGetFieldValues(
+        h,
+        [
+            pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L1,
+            pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L1,
+            (pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, 3),
+        ],
+    )
+    assert [v.value.ullVal for v in errors] == [5, 2, 1]
+
+
+def test_nvlink_without_the_state_and_error_fields(simulate):
+    nvlink = {**BOARD["nvlink"], "state_field": False, "error_fields": False}  # type: ignore[dict-item]
+    simulate(_scenario({**BOARD, "nvlink": nvlink}), latency="off")
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    values = pynvml.nvmlDeviceGetFieldValues(
+        h,
+        [
+            (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, 0),
+            pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L1,
+            pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT,
+        ],
+    )
+    assert [v.nvmlReturn for v in values] == [pynvml.NVML_ERROR_NOT_SUPPORTED] * 2 + [0]
+    assert pynvml.nvmlDeviceGetNvLinkState(h, 0) == 1  # the per-link calls still answer
+    assert pynvml.nvmlDeviceGetNvLinkErrorCounter(h, 1, pynvml.NVML_NVLINK_ERROR_DL_REPLAY) == 5
+
+
 def _link_kib(h: Any, field: int, links: range) -> list[int]:
     values = pynvml.nvmlDeviceGetFieldValues(h, [(field, link) for link in links])
     assert {v.nvmlReturn for v in values} == {pynvml.NVML_SUCCESS}
@@ -116,11 +156,15 @@ def test_nvlink_per_link_counters_and_windowed_link_state(simulate):
     tx = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
     assert _link_kib(h, tx, range(3)) == [500, 0, 40]
     assert pynvml.nvmlDeviceGetFieldValues(h, [(tx, ALL_LINKS)])[0].value.ullVal == 540
-    states = []
+    state = pynvml.NVML_FI_DEV_NVLINK_GET_STATE
+    states, fields = [], []
     for _ in range(5):  # cycles 1..5: link 1 is down in cycles 2 and 3 only
         states.append([pynvml.nvmlDeviceGetNvLinkState(h, link) for link in range(3)])
+        values = pynvml.nvmlDeviceGetFieldValues(h, [(state, link) for link in range(3)])
+        fields.append([v.value.uiVal for v in values])
         drv.next_cycle()
     assert states == [[1, 1, 1], [1, 0, 1], [1, 0, 1], [1, 1, 1], [1, 1, 1]]
+    assert fields == states  # the state field answers what the per-link call answers
 
 
 def test_fans_bar1_pstate_less_devices_and_encoder_stats(simulate):

@@ -93,3 +93,70 @@ def test_install_simulation_names_the_setting_when_nvmlsim_is_missing(monkeypatc
     with pytest.raises(ConfigError) as err:
         install_simulation("default")
     assert err.value.errors == [f"'runtime.simulate': {INSTALL_HINT}"]
+
+
+_OPTIONAL = (
+    "re2",
+    "gpumetrics.kubernetes.client",
+    "gpumetrics.service.push",
+    "grpc_reflection.v1alpha.reflection",  # (grpc itself imports the package's empty top)
+)
+"""Modules of subsystems a default sidecar does not run."""
+
+_BUILD = """
+import json, sys
+from gpumetrics.config import SidecarConfig
+from gpumetrics.runtime import Sidecar
+
+class Collector:
+    def __init__(self, producer, settings, telemetry):
+        import threading
+        self.ready = threading.Event()
+
+config = SidecarConfig.model_validate(json.loads(sys.argv[1]))
+sidecar = Sidecar(config, collector_factory=Collector, environ={})
+sidecar.parts.server.start()
+sidecar.parts.server.stop(0)
+print(json.dumps(sorted(m for m in OPTIONAL if m in sys.modules)))
+"""
+
+
+def _modules_of_a_sidecar(config: dict) -> list[str]:
+    import json
+
+    code = _BUILD.replace("OPTIONAL", repr(_OPTIONAL))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUMETRICS_", "KUBERNETES_"))}
+    result = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_optional_subsystems_are_imported_only_when_configured(tmp_path):
+    """RSS (issue 24): relabel's re2, the Kubernetes client, push and reflection cost memory
+    only where they are configured."""
+    listen = {
+        "listen": [f"unix:{tmp_path}/a.sock"],
+        "profiler_listen": [f"unix:{tmp_path}/p.sock"],  # not the machine's default socket
+        "reflection": False,
+    }
+    assert _modules_of_a_sidecar({"server": listen, "kubernetes": {"pod_attribution": False}}) == []
+    listen = {
+        **listen,
+        "listen": [f"unix:{tmp_path}/b.sock"],
+        "profiler_listen": [f"unix:{tmp_path}/q.sock"],
+        "reflection": True,
+    }
+    configured = {
+        "server": listen,
+        "kubernetes": {"pod_attribution": False},
+        "push": {"endpoint": "127.0.0.1:4317", "insecure": True},
+    }
+    got = _modules_of_a_sidecar(configured)
+    assert "gpumetrics.service.push" in got and "grpc_reflection.v1alpha.reflection" in got
+    assert "re2" not in got and "gpumetrics.kubernetes.client" not in got

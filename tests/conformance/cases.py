@@ -186,22 +186,31 @@ class OpenWant(_Strict):
     error: ErrorWant
 
 
+class DeclareBatch(_Strict):
+    """The ``declare_batch`` event of ``send``."""
+
+    processes: list[Process]
+
+
 class Send(_Strict):
     """``send``: one event on a stream (none of the event keys: no event set)."""
 
     stream: str
     declare: Process | None = None
+    declare_batch: DeclareBatch | None = None
     exit: ExitEntry | None = None
     resync_begin: Empty | None = None
     resync_end: Empty | None = None
 
 
 class SendWant(_Strict):
-    """The answer to one streamed event."""
+    """The answer to one streamed event (``declared``, ``rejections``: of a ``declare_batch``)."""
 
     accepted: bool = False
     released: int = 0
+    declared: int = 0
     rejection: Rejection | None = None
+    rejections: list[Rejection] = []
 
 
 class Close(_Strict):

@@ -391,6 +391,10 @@ class Runner:
         event = profiler_pb2.StreamDeclarationsRequest()
         if body.declare is not None:
             event.declare.CopyFrom(_declaration(body.declare))
+        elif body.declare_batch is not None:
+            event.declare_batch.SetInParent()
+            for p in body.declare_batch.processes:
+                event.declare_batch.processes.add().CopyFrom(_declaration(p))
         elif body.exit is not None:
             event.exit.pid, event.exit.start_time_ticks = body.exit.pid, body.exit.start_time_ticks
         elif body.resync_begin is not None:
@@ -403,16 +407,18 @@ class Runner:
             raise Mismatch(
                 f"{where}: the stream failed: {exc.code().name}: {exc.details()}"
             ) from None
-        if (r.accepted, r.released) != (want.accepted, want.released):
+        got = (r.accepted, r.released, r.declared)
+        if got != (want.accepted, want.released, want.declared):
             raise Mismatch(
-                f"{where}: want accepted {want.accepted}, released {want.released}; got "
-                f"{r.accepted}, {r.released} ({r.rejection})"
+                f"{where}: want accepted {want.accepted}, released {want.released}, declared "
+                f"{want.declared}; got {got} ({r.rejection})"
             )
         if want.rejection is None:
             if r.HasField("rejection"):
                 raise Mismatch(f"{where}: unexpected rejection {r.rejection}")
         else:
             _rejections(where, [want.rejection], [r.rejection] if r.HasField("rejection") else [])
+        _rejections(where, want.rejections, list(r.rejections))
 
     def _close(self, where: str, step: Step) -> None:
         body: Close = step.body

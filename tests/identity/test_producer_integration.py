@@ -39,7 +39,12 @@ def _per_process(mode: str) -> list[dict]:
         producer.record_process(
             pid,
             lambda buf: buf.points(names.MetricProcessMemoryUsage).append(
-                Point(1024, 1_700_000_000_000_000_000, (("hw.id", "GPU-0"),))
+                Point(
+                    1024,
+                    1_700_000_000_000_000_000,
+                    (("hw.id", "GPU-0"),),
+                    1_600_000_000_000_000_000,
+                )
             ),
         )
     request = producer.collect()

@@ -74,7 +74,12 @@ class Sidecar:
         self.producer.record_process(
             PID,
             lambda buf: buf.points(names.MetricProcessMemoryUsage).append(
-                Point(1 << 30, 1_700_000_000_000_000_000, (("hw.id", "GPU-0"),))
+                Point(
+                    1 << 30,
+                    1_700_000_000_000_000_000,
+                    (("hw.id", "GPU-0"),),
+                    1_600_000_000_000_000_000,
+                )
             ),
         )
         request = self.producer.collect()

@@ -6,8 +6,10 @@ import logging
 import sys
 from pathlib import Path
 
+import pynvml
 from gpumetrics.metrics import names
 from gpumetrics.metrics.spec import catalogue
+from gpumetrics.nvml import records
 
 import nvmlsim as sim
 
@@ -243,7 +245,18 @@ def test_power_limit_constants_are_read_once(nvml_run, helpers):
 def test_a_link_that_is_down_has_no_error_reads(nvml_run, helpers):
     nvlink = {"links": 3, "down": [1], "errors": {2: {"crc_data": 6}}}
     run = nvml_run(_device(nvlink=nvlink), helpers.settings(**STEADY))
-    run.cycle()
+    asked: list[list] = []
+    real = records.field_values
+
+    def spy(handle, fields, buffers):  # records what is asked; the real call (and driver) answers
+        asked.append(list(fields))
+        return real(handle, fields, buffers)
+
+    records.field_values = spy
+    try:
+        run.cycle()
+    finally:
+        records.field_values = real
     out = run.output()
     assert [(p.attrs["hw.id"][-1], p.value) for p in out.find(names.MetricNetworkUp)] == [
         ("0", 1),
@@ -255,7 +268,75 @@ def test_a_link_that_is_down_has_no_error_reads(nvml_run, helpers):
         for p in out.find(names.MetricErrors, hw__type="network")
     }
     assert errors == {("0", None, 0), ("2", "crc_data", 6)}
-    assert run.calls("nvmlDeviceGetNvLinkErrorCounter", 0) == 2 * 4
+    # the counters of links 0 and 2 come from one field-values read that names no field of
+    # link 1 (down); no per-link call is needed below link 12
+    (errors_read,) = [f for f in asked if pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L0 in f]
+    link1 = {getattr(pynvml, f"NVML_FI_DEV_NVLINK_{c}_ERROR_COUNT_L1") for c in COUNTERS}
+    assert len(errors_read) == 2 * 4 and not link1 & set(errors_read)
+    assert run.calls("nvmlDeviceGetNvLinkErrorCounter", 0) == 0
+    # every link's state from one field-values read, no per-link state call
+    assert [(pynvml.NVML_FI_DEV_NVLINK_GET_STATE, n) for n in range(3)] in asked
+    assert run.calls("nvmlDeviceGetNvLinkState", 0) == 0
+
+
+COUNTERS = ("REPLAY", "RECOVERY", "CRC_FLIT", "CRC_DATA")
+
+
+def test_links_without_a_per_link_field_fall_back_to_the_per_link_call(nvml_run, helpers):
+    """Links 12 and up: replay and recovery scoped by link, CRC by nvmlDeviceGetNvLinkErrorCounter;
+    a driver that answers none of the fields: one field read, then the per-link calls."""
+    nvlink = {"links": 14, "errors": {13: {"replay": 3, "crc_flit": 2}, 4: {"recovery": 5}}}
+    run = nvml_run(_device(nvlink=nvlink), helpers.settings(**STEADY))
+    run.cycle()
+    got = {
+        (p.attrs["hw.id"].rsplit(":", 1)[1], p.attrs.get("error.type"), p.value)
+        for p in run.output().find(names.MetricErrors, hw__type="network")
+        if p.attrs.get("error.type")
+    }
+    assert got == {("13", "replay", 3), ("13", "crc_flit", 2), ("4", "recovery", 5)}
+    assert run.calls("nvmlDeviceGetNvLinkErrorCounter", 0) == 2 * 2  # CRC of links 12, 13
+    # one each: the data counters, every link's state, every link's error counters, the
+    # retired pages (first read)
+    assert run.calls("nvmlDeviceGetFieldValues", 0) == 4
+
+
+def test_a_driver_without_the_error_fields_reads_every_counter_per_link(nvml_run, helpers):
+    nvlink = {"links": 2, "errors": {1: {"crc_data": 4}}, "error_fields": False}
+    run = nvml_run(_device(nvlink=nvlink), helpers.settings(**STEADY, errors_interval_s=1.0))
+    run.cycle(2)
+    errors = {
+        (p.attrs["hw.id"].rsplit(":", 1)[1], p.attrs.get("error.type"), p.value)
+        for p in run.output().find(names.MetricErrors, hw__type="network")
+    }
+    assert ("1", "crc_data", 4) in errors and ("0", None, 0) in errors
+    assert run.calls("nvmlDeviceGetNvLinkErrorCounter", 0) == 2 * 2 * 4  # both reads, per link
+    # the error fields answered NOT_SUPPORTED once and are not asked again: 2 data-counter
+    # reads, 2 link-state reads, 1 error-field read, 1 retired-page read (none either)
+    assert run.calls("nvmlDeviceGetFieldValues", 0) == 6
+
+
+def test_a_driver_without_the_state_field_reads_each_links_state(nvml_run, helpers):
+    nvlink = {"links": 3, "down": [2], "state_field": False}
+    run = nvml_run(_device(nvlink=nvlink), helpers.settings(**STEADY, errors_interval_s=1.0))
+    run.cycle(2)
+    up = [(p.attrs["hw.id"][-1], p.value) for p in run.output().find(names.MetricNetworkUp)]
+    assert up == [("0", 1), ("1", 1), ("2", 0)] * 2
+    assert run.calls("nvmlDeviceGetNvLinkState", 0) == 2 * 3  # both reads, per link
+    # the state fields answered NOT_SUPPORTED once and are not asked again: 2 data-counter
+    # reads, 1 link-state read, 2 error-field reads, 1 retired-page read
+    assert run.calls("nvmlDeviceGetFieldValues", 0) == 6
+
+
+def test_a_link_state_other_than_active_or_inactive_is_read_per_link(nvml_run, helpers):
+    """NVML_NVLINK_STATE_SLEEP (2) from the field: what nvmlDeviceGetNvLinkState says counts."""
+    sleeping = {pynvml.NVML_FI_DEV_NVLINK_GET_STATE: {"value": 2, "scope_id": 1, "value_type": 1}}
+    run = nvml_run(_device(nvlink={"links": 2}, field_values=sleeping), helpers.settings(**STEADY))
+    run.cycle()
+    up = [(p.attrs["hw.id"][-1], p.value) for p in run.output().find(names.MetricNetworkUp)]
+    assert up == [("0", 1), ("1", 1)]
+    # link 0's field is not answered (the scenario names only link 1's), link 1's is SLEEP:
+    # both read per link
+    assert run.calls("nvmlDeviceGetNvLinkState", 0) == 2
 
 
 def _minimum():

@@ -185,3 +185,35 @@ def test_process_utilization_equals_the_binding(drv, ours, wrapper, fields):
     with pytest.raises(pynvml.NVMLError) as err:  # nothing newer than the newest sample
         ours(handle, max(row[1] for row in theirs), records.Buffers())
     assert err.value.value == pynvml.NVML_ERROR_NOT_FOUND
+
+
+def test_the_field_value_layout_is_the_bindings():
+    fields = pynvml.c_nvmlFieldValue_t._fields_
+    offsets = [getattr(pynvml.c_nvmlFieldValue_t, name).offset for name, _ in fields]
+    assert ctypes.sizeof(pynvml.c_nvmlFieldValue_t) == records.FIELD_VALUE.size == 40
+    assert offsets == [0, 4, 8, 16, 24, 28, 32]
+
+
+def test_field_values_equal_the_binding_with_one_call_per_read(drv):
+    handle = _handle()
+    fields = [
+        pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT,
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L3,
+        (pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, 13),
+        (pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, 99),  # no such link: NOT_SUPPORTED
+        pynvml.NVML_FI_DEV_RETIRED_SBE,  # Hopper: NOT_SUPPORTED
+    ]
+    want = []
+    for fv in pynvml.nvmlDeviceGetFieldValues(handle, fields):
+        ret = int(fv.nvmlReturn)
+        value = None
+        if ret == pynvml.NVML_SUCCESS:
+            value = getattr(fv.value, {1: "uiVal", 3: "ullVal"}[int(fv.valueType)])
+        want.append((ret, value))
+    buffers = records.Buffers()
+    before = _calls(drv, "nvmlDeviceGetFieldValues")
+    assert records.field_values(handle, fields, buffers) == want
+    assert records.field_values(handle, fields, buffers) == want
+    assert _calls(drv, "nvmlDeviceGetFieldValues") - before == 2
+    assert [code for code, _ in want][-2:] == [pynvml.NVML_ERROR_NOT_SUPPORTED] * 2

@@ -334,6 +334,42 @@ def test_nobody_may_name_its_own_process_but_not_move_it(
 
 
 @needs_root
+def test_a_declare_batch_is_checked_entry_by_entry(
+    profiler_socket: ProfilerSocket, nobody: NobodyClient
+) -> None:
+    """A stream's DeclareBatch (issue 24) gets each entry the checks a declare event gets: nobody
+    declares its own process in it, not pid 1, nor an observed key it does not have."""
+    import base64
+
+    _, declared, telemetry, _ = profiler_socket
+    own = base64.b64encode(resource_bytes({"service.name": "mine"})).decode()
+    moved = base64.b64encode(resource_bytes({"k8s.pod.name": "victim-pod"})).decode()
+    batch = {
+        "processes": [
+            {"pid": "$self", "profilerResource": own},
+            {"pid": 1, "profilerResource": own},
+            {"pid": "$self", "profilerResource": moved},
+        ]
+    }
+    resp = nobody.call(stream=[{"declareBatch": batch}])
+    ((answer),) = resp["stream"]
+    assert answer.get("accepted", False) is False and answer["declared"] == 1
+    got = [(r.get("index", 0), r["field"]) for r in answer["rejections"]]
+    assert got == [
+        (1, "declare_batch.processes[1].pid"),
+        (2, "declare_batch.processes[2].profiler_resource"),
+    ]
+    assert answer["rejections"][0]["reason"].startswith(
+        "pid 1 belongs to uid 0, not to this peer (uid 65534)"
+    )
+    assert declared.lookup(1) == (None, False)
+    d, ok = declared.lookup(nobody.pid)
+    assert ok and d is not None and d.profiler_attributes == {"service.name": "mine"}
+    assert telemetry.value("gpumetrics.declarations.refused", {"reason": "not_owner"}) == 1
+    assert telemetry.value("gpumetrics.declarations.refused", {"reason": "observed_attribute"}) == 1
+
+
+@needs_root
 def test_nobody_cannot_release_a_trusted_profilers_declarations(
     profiler_socket: ProfilerSocket, nobody: NobodyClient
 ) -> None:

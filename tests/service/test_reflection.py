@@ -128,3 +128,10 @@ def test_reflection_is_off_when_disabled(sidecar: MakeSidecar) -> None:
             with pytest.raises(grpc.RpcError) as info:
                 ask(channel, service, list_services="")
             assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_the_reflection_service_name_is_grpcio_reflections() -> None:
+    from gpumetrics.service import names
+    from grpc_reflection.v1alpha import reflection
+
+    assert names.REFLECTION_SERVICE == reflection.SERVICE_NAME

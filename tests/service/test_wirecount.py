@@ -60,6 +60,10 @@ requests = st.one_of(
         exits=st.lists(st.builds(pb.ProcessExit, pid=st.integers(0, 2**31 - 1)), max_size=8),
     ),
     st.builds(pb.StreamDeclarationsRequest, declare=declaration),
+    st.builds(
+        pb.StreamDeclarationsRequest,
+        declare_batch=st.builds(pb.DeclareBatch, processes=st.lists(declaration, max_size=8)),
+    ),
     st.builds(pb.StreamDeclarationsRequest, exit=st.builds(pb.ProcessExit, pid=st.integers(0, 9))),
     st.just(pb.StreamDeclarationsRequest(resync_begin=pb.ResyncBegin())),
 )
@@ -134,3 +138,27 @@ def test_a_request_of_too_many_elements_is_refused_unparsed(sidecar: MakeSidecar
     with pytest.raises(grpc.RpcError) as err:
         call(empty_environment(4 * LIMIT + 1), timeout=TIMEOUT)
     assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def empty_batch(entries: int) -> bytes:
+    """A StreamDeclarationsRequest whose DeclareBatch holds ``entries`` empty declarations."""
+    return len_field(5, b"\x0a\x00" * entries)  # declare_batch (5): processes (1), empty
+
+
+def test_a_declare_batch_of_too_many_elements_is_refused_unparsed(sidecar: MakeSidecar) -> None:
+    """Issue 24's DeclareBatch must not open a way around max_request_elements: the entries of
+    one stream event are counted before it is parsed, as a unary request's are."""
+    sc = sidecar()
+    method = "/gpumetrics.v1.ProfilerIntegrationService/StreamDeclarations"
+    call = sc.channel().stream_stream(method, request_serializer=None, response_deserializer=None)
+    with pytest.raises(grpc.RpcError) as err:
+        list(call(iter([empty_batch(LIMIT)]), timeout=TIMEOUT))  # with its declare_batch: over
+    assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"more than {LIMIT} repeated elements" in (err.value.details() or "")
+    assert len(sc.declared) == 0
+    reason = {"rpc.method": method.lstrip("/"), "reason": "too_many_elements"}
+    assert sc.telemetry.value("gpumetrics.server.rejected_calls", reason) == 1
+    # one element fewer is parsed and answered: refused whole by the entry limit
+    (answer,) = call(iter([empty_batch(LIMIT - 1)]), timeout=TIMEOUT)
+    resp = pb.StreamDeclarationsResponse.FromString(answer)
+    assert resp.rejection.field == "declare_batch.processes" and len(sc.declared) == 0

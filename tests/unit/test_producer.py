@@ -173,3 +173,119 @@ def test_pid_must_be_positive():
     for bad in bads:
         with pytest.raises(ValueError, match="pid"):
             p.record_process(bad, lambda b: None)
+
+
+def _processes(p, n):
+    for pid in range(1, n + 1):
+        p.record_process(
+            pid,
+            lambda b: b.add(
+                names.MetricProcessMemoryUsage, 1 << 20, T, GPU0.id_attributes(), T - 1
+            ),
+        )
+
+
+def test_the_store_packs_the_parts_into_the_batches_it_makes_of_the_whole_request():
+    """The bulk parts and the protobuf request give one store the same batches, byte for byte
+    once parsed (whole resources packed in order, none split below max_batch_bytes)."""
+    from gpumetrics.store import BatchStore
+
+    a, b = (
+        Producer(host_attributes={"host.name": "n"}),
+        Producer(host_attributes={"host.name": "n"}),
+    )
+    for p in (a, b):
+        record_power(p, GPU0, 300.0)
+        _processes(p, 50)
+    whole = a.collect()
+    max_bytes = whole.ByteSize() // 4
+    from_request, from_parts = (BatchStore(epoch="E", max_batch_bytes=max_bytes) for _ in "ab")
+    from_request.append(whole)
+    from_parts.append_parts(b.collect_parts().parts)
+    got, want = (s.pull("c", max_bytes=1 << 30) for s in (from_parts, from_request))
+    assert len(got.parts) == len(want.parts) > 1 and got.data_points == want.data_points
+    parse = metrics_service_pb2.ExportMetricsServiceRequest.FromString
+    for g, w in zip(got.parts, want.parts, strict=True):
+        assert len(g) <= max_bytes and parse(g) == parse(w)
+
+
+def test_collect_parts_is_empty_when_nothing_was_recorded():
+    c = Producer().collect_parts(1 << 20)
+    assert (c.parts, c.dropped_points, c.dropped_resources) == ([], 0, 0)
+
+
+def test_each_process_resource_is_keyed_by_its_attributes_and_schema_url():
+    """The cached resource bytes are rebuilt when only the schema URL changes (a declaration
+    with the same attributes under another semconv version), and kept while neither does."""
+
+    class Resourcer:
+        url = "https://opentelemetry.io/schemas/1.37.0"
+
+        def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
+            attrs["service.name"] = "svc"
+            return True
+
+        def schema_url(self, pid: int) -> str:
+            return self.url
+
+    r = Resourcer()
+    p = Producer()
+    p.set_process_resourcer(r)
+    for want in ("https://opentelemetry.io/schemas/1.37.0", "", "https://example.com/s/2"):
+        r.url = want
+        _processes(p, 2)
+        rms = p.collect().resource_metrics
+        assert [rm.schema_url for rm in rms] == [want, want]
+        assert [attrs_of(rm.resource)["service.name"] for rm in rms] == ["svc", "svc"]
+
+
+def test_resources_are_built_once_and_only_the_kept_ones_are_kept(monkeypatch):
+    """A process's resource is serialized once while its resourcer's answer stays, and the cache
+    holds only what the collection kept: a process left out for the budget is rebuilt later."""
+    from gpumetrics.metrics import bulk
+
+    built: list[int] = []
+    real = bulk.resource_bytes
+
+    def counting(attributes: Any) -> bytes:
+        attrs = dict(attributes)
+        built.append(attrs["process.pid"])
+        return real(attrs.items())
+
+    monkeypatch.setattr(bulk, "resource_bytes", counting)
+
+    class Resourcer:
+        def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
+            attrs["app.padding"] = "x" * (2000 if pid == 3 else 10)
+            return True
+
+    p = Producer()
+    p.set_process_resourcer(Resourcer())
+    _processes(p, 3)
+    small = sum(len(d) for d, _ in p.collect_parts().parts[:2])
+    assert built == [1, 2, 3]
+    for _ in range(3):
+        _processes(p, 3)
+        c = p.collect_parts(small + 100)  # pid 3's resource does not fit
+        assert (c.dropped_resources, c.dropped_points) == (1, 1)
+    # 1 and 2 always from the cache; 3 from it once (kept by the first collection), then, left
+    # out each time and so not kept, built again each time
+    assert built == [1, 2, 3, 3, 3]
+
+
+def test_a_process_resource_is_rebuilt_when_the_resourcer_answer_changes():
+    class Resourcer:
+        service = "a"
+
+        def put_resource(self, pid: int, attrs: dict[str, Any]) -> bool:
+            attrs["service.name"] = self.service
+            return True
+
+    r = Resourcer()
+    p = Producer()
+    p.set_process_resourcer(r)
+    _processes(p, 1)
+    assert attrs_of(p.collect().resource_metrics[0].resource)["service.name"] == "a"
+    r.service = "b"  # same pid, a new answer (a declaration arrived): a new resource
+    _processes(p, 1)
+    assert attrs_of(p.collect().resource_metrics[0].resource)["service.name"] == "b"

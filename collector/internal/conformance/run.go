@@ -560,6 +560,12 @@ func (r *runner) send(s Step) {
 	switch {
 	case body.Declare != nil:
 		ev.Event = &gpumetricsv1.StreamDeclarationsRequest_Declare{Declare: r.declaration(*body.Declare)}
+	case body.DeclareBatch != nil:
+		batch := &gpumetricsv1.DeclareBatch{}
+		for _, p := range body.DeclareBatch.Processes {
+			batch.Processes = append(batch.Processes, r.declaration(p))
+		}
+		ev.Event = &gpumetricsv1.StreamDeclarationsRequest_DeclareBatch{DeclareBatch: batch}
 	case body.Exit != nil:
 		ev.Event = &gpumetricsv1.StreamDeclarationsRequest_Exit{Exit: &gpumetricsv1.ProcessExit{Pid: body.Exit.PID, StartTimeTicks: body.Exit.StartTimeTicks}}
 	case body.ResyncBegin != nil:
@@ -574,9 +580,11 @@ func (r *runner) send(s Step) {
 	if err != nil {
 		r.fail("the stream failed: %v", err)
 	}
-	if resp.GetAccepted() != want.Accepted || resp.GetReleased() != want.Released {
-		r.fail("want accepted %v, released %d; got %v, %d (%v)", want.Accepted, want.Released, resp.GetAccepted(), resp.GetReleased(), resp.GetRejection())
+	if resp.GetAccepted() != want.Accepted || resp.GetReleased() != want.Released || resp.GetDeclared() != want.Declared {
+		r.fail("want accepted %v, released %d, declared %d; got %v, %d, %d (%v)", want.Accepted, want.Released, want.Declared,
+			resp.GetAccepted(), resp.GetReleased(), resp.GetDeclared(), resp.GetRejection())
 	}
+	r.rejections(want.Rejections, resp.GetRejections())
 	switch {
 	case want.Rejection == nil && resp.GetRejection() != nil:
 		r.fail("unexpected rejection %v", resp.GetRejection())

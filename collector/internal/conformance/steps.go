@@ -97,12 +97,17 @@ type openStep struct {
 	Declarer *string `yaml:"declarer"`
 }
 
+type declareBatch struct {
+	Processes []process `yaml:"processes"`
+}
+
 type sendStep struct {
-	Stream      string     `yaml:"stream"`
-	Declare     *process   `yaml:"declare"`
-	Exit        *exitEntry `yaml:"exit"`
-	ResyncBegin *struct{}  `yaml:"resync_begin"`
-	ResyncEnd   *struct{}  `yaml:"resync_end"`
+	Stream       string        `yaml:"stream"`
+	Declare      *process      `yaml:"declare"`
+	DeclareBatch *declareBatch `yaml:"declare_batch"`
+	Exit         *exitEntry    `yaml:"exit"`
+	ResyncBegin  *struct{}     `yaml:"resync_begin"`
+	ResyncEnd    *struct{}     `yaml:"resync_end"`
 }
 
 type closeStep struct {
@@ -134,7 +139,9 @@ type openWant struct {
 }
 
 type sendWant struct {
-	Accepted  bool           `yaml:"accepted"`
-	Released  uint32         `yaml:"released"`
-	Rejection *rejectionWant `yaml:"rejection"`
+	Accepted   bool            `yaml:"accepted"`
+	Released   uint32          `yaml:"released"`
+	Declared   uint32          `yaml:"declared"`
+	Rejection  *rejectionWant  `yaml:"rejection"`
+	Rejections []rejectionWant `yaml:"rejections"`
 }

@@ -26,12 +26,15 @@ import (
 // test, and finite, so a broken client does not hang it.
 const WaitTimeout = 30 * time.Second
 
-// Event is one message received on a stream.
+// Event is one message received on a stream; a DeclareBatch is recorded as one declare Event
+// per declaration it carries, in order, so tests see the processes declared however they came.
 type Event struct {
 	// Stream numbers the streams in the order they were opened, from 1.
 	Stream int
-	// Request is the message as received.
+	// Request is the message as received (a declare of a batch: that declaration alone).
 	Request *gpumetricsv1.StreamDeclarationsRequest
+	// Batch numbers, from 1 per stream, the DeclareBatch a declare came in (0: its own event).
+	Batch int
 }
 
 // Kind returns "declare", "exit", "resync_begin", "resync_end" or "" (no event set).
@@ -61,6 +64,9 @@ type Server struct {
 	// Discard keeps no event (benchmarks that measure the client's memory): Events and
 	// WaitFor then see none.
 	Discard bool
+	// NoBatch answers a DeclareBatch as a sidecar that predates it does: rejected, field "event"
+	// (no event set), nothing applied; such a batch is recorded as no event.
+	NoBatch bool
 
 	mu       sync.Mutex
 	events   []Event
@@ -93,30 +99,70 @@ func (s *Server) StreamDeclarations(stream grpc.BidiStreamingServer[gpumetricsv1
 	n := len(s.metadata)
 	s.notifyLocked()
 	s.mu.Unlock()
+	batches := 0
 	for {
 		req, err := stream.Recv()
 		if err != nil {
 			return nil // the client ended the stream (or it broke): nothing to answer
 		}
+		batch := req.GetDeclareBatch()
+		if batch != nil && !s.NoBatch {
+			batches++
+		}
 		if !s.Discard {
 			s.mu.Lock()
-			s.events = append(s.events, Event{Stream: n, Request: req})
+			switch {
+			case batch == nil:
+				s.events = append(s.events, Event{Stream: n, Request: req})
+			case !s.NoBatch:
+				for _, d := range batch.GetProcesses() {
+					one := &gpumetricsv1.StreamDeclarationsRequest{Event: &gpumetricsv1.StreamDeclarationsRequest_Declare{Declare: d}}
+					s.events = append(s.events, Event{Stream: n, Request: one, Batch: batches})
+				}
+			}
 			s.notifyLocked()
 			s.mu.Unlock()
 		}
 		if s.BeforeAnswer != nil {
 			s.BeforeAnswer(stream.Context())
 		}
-		resp := &gpumetricsv1.StreamDeclarationsResponse{Accepted: true}
-		if s.Reject != nil {
-			if r := s.Reject(req); r != nil {
-				resp = &gpumetricsv1.StreamDeclarationsResponse{Rejection: r}
-			}
-		}
-		if err := stream.Send(resp); err != nil {
+		if err := stream.Send(s.answer(req)); err != nil {
 			return err
 		}
 	}
+}
+
+// answer is the answer to req: accepted unless Reject says otherwise; for a DeclareBatch, Reject
+// decides each declaration as a declare event of its own.
+func (s *Server) answer(req *gpumetricsv1.StreamDeclarationsRequest) *gpumetricsv1.StreamDeclarationsResponse {
+	batch := req.GetDeclareBatch()
+	if batch != nil && s.NoBatch {
+		return &gpumetricsv1.StreamDeclarationsResponse{Rejection: &gpumetricsv1.Rejection{
+			Field: "event", Reason: "no event set (declare, exit, resync_*)",
+		}}
+	}
+	if batch == nil {
+		if s.Reject != nil {
+			if r := s.Reject(req); r != nil {
+				return &gpumetricsv1.StreamDeclarationsResponse{Rejection: r}
+			}
+		}
+		return &gpumetricsv1.StreamDeclarationsResponse{Accepted: true}
+	}
+	resp := &gpumetricsv1.StreamDeclarationsResponse{}
+	for i, d := range batch.GetProcesses() {
+		if s.Reject != nil {
+			one := &gpumetricsv1.StreamDeclarationsRequest{Event: &gpumetricsv1.StreamDeclarationsRequest_Declare{Declare: d}}
+			if r := s.Reject(one); r != nil {
+				r.Index = uint32(i)
+				resp.Rejections = append(resp.Rejections, r)
+				continue
+			}
+		}
+		resp.Declared++
+	}
+	resp.Accepted = len(resp.Rejections) == 0
+	return resp
 }
 
 func (s *Server) notifyLocked() {

@@ -244,7 +244,7 @@ func (x *DeclareProcessesRequest) GetReplaceAll() bool {
 // Rejection says why one entry of a request was not accepted.
 type Rejection struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Index of the entry in the request (or, on a stream, 0).
+	// Index of the entry in the request (on a stream: in a DeclareBatch, else 0).
 	Index uint32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
 	// The entry's pid as sent.
 	Pid uint32 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
@@ -603,6 +603,53 @@ func (*ResyncEnd) Descriptor() ([]byte, []int) {
 	return file_gpumetrics_v1_profiler_proto_rawDescGZIP(), []int{9}
 }
 
+// DeclareBatch declares several processes in one stream event, each as a declare event would
+// (DeclareProcesses without replace_all): a resync sends its processes this way, one answer per
+// batch instead of one per process.
+type DeclareBatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Processes     []*ProcessDeclaration  `protobuf:"bytes,1,rep,name=processes,proto3" json:"processes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeclareBatch) Reset() {
+	*x = DeclareBatch{}
+	mi := &file_gpumetrics_v1_profiler_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeclareBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeclareBatch) ProtoMessage() {}
+
+func (x *DeclareBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_gpumetrics_v1_profiler_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeclareBatch.ProtoReflect.Descriptor instead.
+func (*DeclareBatch) Descriptor() ([]byte, []int) {
+	return file_gpumetrics_v1_profiler_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DeclareBatch) GetProcesses() []*ProcessDeclaration {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
 // StreamDeclarationsRequest is one message on the declaration stream.
 type StreamDeclarationsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -612,6 +659,7 @@ type StreamDeclarationsRequest struct {
 	//	*StreamDeclarationsRequest_Exit
 	//	*StreamDeclarationsRequest_ResyncBegin
 	//	*StreamDeclarationsRequest_ResyncEnd
+	//	*StreamDeclarationsRequest_DeclareBatch
 	Event         isStreamDeclarationsRequest_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -619,7 +667,7 @@ type StreamDeclarationsRequest struct {
 
 func (x *StreamDeclarationsRequest) Reset() {
 	*x = StreamDeclarationsRequest{}
-	mi := &file_gpumetrics_v1_profiler_proto_msgTypes[10]
+	mi := &file_gpumetrics_v1_profiler_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +679,7 @@ func (x *StreamDeclarationsRequest) String() string {
 func (*StreamDeclarationsRequest) ProtoMessage() {}
 
 func (x *StreamDeclarationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpumetrics_v1_profiler_proto_msgTypes[10]
+	mi := &file_gpumetrics_v1_profiler_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +692,7 @@ func (x *StreamDeclarationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamDeclarationsRequest.ProtoReflect.Descriptor instead.
 func (*StreamDeclarationsRequest) Descriptor() ([]byte, []int) {
-	return file_gpumetrics_v1_profiler_proto_rawDescGZIP(), []int{10}
+	return file_gpumetrics_v1_profiler_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StreamDeclarationsRequest) GetEvent() isStreamDeclarationsRequest_Event {
@@ -690,6 +738,15 @@ func (x *StreamDeclarationsRequest) GetResyncEnd() *ResyncEnd {
 	return nil
 }
 
+func (x *StreamDeclarationsRequest) GetDeclareBatch() *DeclareBatch {
+	if x != nil {
+		if x, ok := x.Event.(*StreamDeclarationsRequest_DeclareBatch); ok {
+			return x.DeclareBatch
+		}
+	}
+	return nil
+}
+
 type isStreamDeclarationsRequest_Event interface {
 	isStreamDeclarationsRequest_Event()
 }
@@ -710,6 +767,10 @@ type StreamDeclarationsRequest_ResyncEnd struct {
 	ResyncEnd *ResyncEnd `protobuf:"bytes,4,opt,name=resync_end,json=resyncEnd,proto3,oneof"`
 }
 
+type StreamDeclarationsRequest_DeclareBatch struct {
+	DeclareBatch *DeclareBatch `protobuf:"bytes,5,opt,name=declare_batch,json=declareBatch,proto3,oneof"`
+}
+
 func (*StreamDeclarationsRequest_Declare) isStreamDeclarationsRequest_Event() {}
 
 func (*StreamDeclarationsRequest_Exit) isStreamDeclarationsRequest_Event() {}
@@ -717,6 +778,8 @@ func (*StreamDeclarationsRequest_Exit) isStreamDeclarationsRequest_Event() {}
 func (*StreamDeclarationsRequest_ResyncBegin) isStreamDeclarationsRequest_Event() {}
 
 func (*StreamDeclarationsRequest_ResyncEnd) isStreamDeclarationsRequest_Event() {}
+
+func (*StreamDeclarationsRequest_DeclareBatch) isStreamDeclarationsRequest_Event() {}
 
 // StreamDeclarationsResponse answers one StreamDeclarationsRequest.
 type StreamDeclarationsResponse struct {
@@ -726,14 +789,18 @@ type StreamDeclarationsResponse struct {
 	// Why it was not (field and reason), when accepted is false.
 	Rejection *Rejection `protobuf:"bytes,2,opt,name=rejection,proto3" json:"rejection,omitempty"`
 	// On ResyncEnd: the number of declarations released.
-	Released      uint32 `protobuf:"varint,3,opt,name=released,proto3" json:"released,omitempty"`
+	Released uint32 `protobuf:"varint,3,opt,name=released,proto3" json:"released,omitempty"`
+	// On DeclareBatch: the entries applied. accepted is true when every entry was; each entry
+	// refused is in rejections, its Rejection.index its place in the batch.
+	Declared      uint32       `protobuf:"varint,4,opt,name=declared,proto3" json:"declared,omitempty"`
+	Rejections    []*Rejection `protobuf:"bytes,5,rep,name=rejections,proto3" json:"rejections,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StreamDeclarationsResponse) Reset() {
 	*x = StreamDeclarationsResponse{}
-	mi := &file_gpumetrics_v1_profiler_proto_msgTypes[11]
+	mi := &file_gpumetrics_v1_profiler_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -745,7 +812,7 @@ func (x *StreamDeclarationsResponse) String() string {
 func (*StreamDeclarationsResponse) ProtoMessage() {}
 
 func (x *StreamDeclarationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpumetrics_v1_profiler_proto_msgTypes[11]
+	mi := &file_gpumetrics_v1_profiler_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -758,7 +825,7 @@ func (x *StreamDeclarationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamDeclarationsResponse.ProtoReflect.Descriptor instead.
 func (*StreamDeclarationsResponse) Descriptor() ([]byte, []int) {
-	return file_gpumetrics_v1_profiler_proto_rawDescGZIP(), []int{11}
+	return file_gpumetrics_v1_profiler_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StreamDeclarationsResponse) GetAccepted() bool {
@@ -780,6 +847,20 @@ func (x *StreamDeclarationsResponse) GetReleased() uint32 {
 		return x.Released
 	}
 	return 0
+}
+
+func (x *StreamDeclarationsResponse) GetDeclared() uint32 {
+	if x != nil {
+		return x.Declared
+	}
+	return 0
+}
+
+func (x *StreamDeclarationsResponse) GetRejections() []*Rejection {
+	if x != nil {
+		return x.Rejections
+	}
+	return nil
 }
 
 var File_gpumetrics_v1_profiler_proto protoreflect.FileDescriptor
@@ -819,18 +900,25 @@ const file_gpumetrics_v1_profiler_proto_rawDesc = "" +
 	"\breleased\x18\x01 \x01(\rR\breleased\x124\n" +
 	"\brejected\x18\x02 \x03(\v2\x18.gpumetrics.v1.RejectionR\brejected\"\r\n" +
 	"\vResyncBegin\"\v\n" +
-	"\tResyncEnd\"\x91\x02\n" +
+	"\tResyncEnd\"O\n" +
+	"\fDeclareBatch\x12?\n" +
+	"\tprocesses\x18\x01 \x03(\v2!.gpumetrics.v1.ProcessDeclarationR\tprocesses\"\xd5\x02\n" +
 	"\x19StreamDeclarationsRequest\x12=\n" +
 	"\adeclare\x18\x01 \x01(\v2!.gpumetrics.v1.ProcessDeclarationH\x00R\adeclare\x120\n" +
 	"\x04exit\x18\x02 \x01(\v2\x1a.gpumetrics.v1.ProcessExitH\x00R\x04exit\x12?\n" +
 	"\fresync_begin\x18\x03 \x01(\v2\x1a.gpumetrics.v1.ResyncBeginH\x00R\vresyncBegin\x129\n" +
 	"\n" +
-	"resync_end\x18\x04 \x01(\v2\x18.gpumetrics.v1.ResyncEndH\x00R\tresyncEndB\a\n" +
-	"\x05event\"\x8c\x01\n" +
+	"resync_end\x18\x04 \x01(\v2\x18.gpumetrics.v1.ResyncEndH\x00R\tresyncEnd\x12B\n" +
+	"\rdeclare_batch\x18\x05 \x01(\v2\x1b.gpumetrics.v1.DeclareBatchH\x00R\fdeclareBatchB\a\n" +
+	"\x05event\"\xe2\x01\n" +
 	"\x1aStreamDeclarationsResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x126\n" +
 	"\trejection\x18\x02 \x01(\v2\x18.gpumetrics.v1.RejectionR\trejection\x12\x1a\n" +
-	"\breleased\x18\x03 \x01(\rR\breleased2\xc6\x02\n" +
+	"\breleased\x18\x03 \x01(\rR\breleased\x12\x1a\n" +
+	"\bdeclared\x18\x04 \x01(\rR\bdeclared\x128\n" +
+	"\n" +
+	"rejections\x18\x05 \x03(\v2\x18.gpumetrics.v1.RejectionR\n" +
+	"rejections2\xc6\x02\n" +
 	"\x1aProfilerIntegrationService\x12c\n" +
 	"\x10DeclareProcesses\x12&.gpumetrics.v1.DeclareProcessesRequest\x1a'.gpumetrics.v1.DeclareProcessesResponse\x12T\n" +
 	"\vReportExits\x12!.gpumetrics.v1.ReportExitsRequest\x1a\".gpumetrics.v1.ReportExitsResponse\x12m\n" +
@@ -848,7 +936,7 @@ func file_gpumetrics_v1_profiler_proto_rawDescGZIP() []byte {
 	return file_gpumetrics_v1_profiler_proto_rawDescData
 }
 
-var file_gpumetrics_v1_profiler_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_gpumetrics_v1_profiler_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_gpumetrics_v1_profiler_proto_goTypes = []any{
 	(*EnvironmentVariable)(nil),        // 0: gpumetrics.v1.EnvironmentVariable
 	(*ProcessDeclaration)(nil),         // 1: gpumetrics.v1.ProcessDeclaration
@@ -860,8 +948,9 @@ var file_gpumetrics_v1_profiler_proto_goTypes = []any{
 	(*ReportExitsResponse)(nil),        // 7: gpumetrics.v1.ReportExitsResponse
 	(*ResyncBegin)(nil),                // 8: gpumetrics.v1.ResyncBegin
 	(*ResyncEnd)(nil),                  // 9: gpumetrics.v1.ResyncEnd
-	(*StreamDeclarationsRequest)(nil),  // 10: gpumetrics.v1.StreamDeclarationsRequest
-	(*StreamDeclarationsResponse)(nil), // 11: gpumetrics.v1.StreamDeclarationsResponse
+	(*DeclareBatch)(nil),               // 10: gpumetrics.v1.DeclareBatch
+	(*StreamDeclarationsRequest)(nil),  // 11: gpumetrics.v1.StreamDeclarationsRequest
+	(*StreamDeclarationsResponse)(nil), // 12: gpumetrics.v1.StreamDeclarationsResponse
 }
 var file_gpumetrics_v1_profiler_proto_depIdxs = []int32{
 	0,  // 0: gpumetrics.v1.ProcessDeclaration.environment:type_name -> gpumetrics.v1.EnvironmentVariable
@@ -869,22 +958,25 @@ var file_gpumetrics_v1_profiler_proto_depIdxs = []int32{
 	3,  // 2: gpumetrics.v1.DeclareProcessesResponse.rejected:type_name -> gpumetrics.v1.Rejection
 	5,  // 3: gpumetrics.v1.ReportExitsRequest.exits:type_name -> gpumetrics.v1.ProcessExit
 	3,  // 4: gpumetrics.v1.ReportExitsResponse.rejected:type_name -> gpumetrics.v1.Rejection
-	1,  // 5: gpumetrics.v1.StreamDeclarationsRequest.declare:type_name -> gpumetrics.v1.ProcessDeclaration
-	5,  // 6: gpumetrics.v1.StreamDeclarationsRequest.exit:type_name -> gpumetrics.v1.ProcessExit
-	8,  // 7: gpumetrics.v1.StreamDeclarationsRequest.resync_begin:type_name -> gpumetrics.v1.ResyncBegin
-	9,  // 8: gpumetrics.v1.StreamDeclarationsRequest.resync_end:type_name -> gpumetrics.v1.ResyncEnd
-	3,  // 9: gpumetrics.v1.StreamDeclarationsResponse.rejection:type_name -> gpumetrics.v1.Rejection
-	2,  // 10: gpumetrics.v1.ProfilerIntegrationService.DeclareProcesses:input_type -> gpumetrics.v1.DeclareProcessesRequest
-	6,  // 11: gpumetrics.v1.ProfilerIntegrationService.ReportExits:input_type -> gpumetrics.v1.ReportExitsRequest
-	10, // 12: gpumetrics.v1.ProfilerIntegrationService.StreamDeclarations:input_type -> gpumetrics.v1.StreamDeclarationsRequest
-	4,  // 13: gpumetrics.v1.ProfilerIntegrationService.DeclareProcesses:output_type -> gpumetrics.v1.DeclareProcessesResponse
-	7,  // 14: gpumetrics.v1.ProfilerIntegrationService.ReportExits:output_type -> gpumetrics.v1.ReportExitsResponse
-	11, // 15: gpumetrics.v1.ProfilerIntegrationService.StreamDeclarations:output_type -> gpumetrics.v1.StreamDeclarationsResponse
-	13, // [13:16] is the sub-list for method output_type
-	10, // [10:13] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	1,  // 5: gpumetrics.v1.DeclareBatch.processes:type_name -> gpumetrics.v1.ProcessDeclaration
+	1,  // 6: gpumetrics.v1.StreamDeclarationsRequest.declare:type_name -> gpumetrics.v1.ProcessDeclaration
+	5,  // 7: gpumetrics.v1.StreamDeclarationsRequest.exit:type_name -> gpumetrics.v1.ProcessExit
+	8,  // 8: gpumetrics.v1.StreamDeclarationsRequest.resync_begin:type_name -> gpumetrics.v1.ResyncBegin
+	9,  // 9: gpumetrics.v1.StreamDeclarationsRequest.resync_end:type_name -> gpumetrics.v1.ResyncEnd
+	10, // 10: gpumetrics.v1.StreamDeclarationsRequest.declare_batch:type_name -> gpumetrics.v1.DeclareBatch
+	3,  // 11: gpumetrics.v1.StreamDeclarationsResponse.rejection:type_name -> gpumetrics.v1.Rejection
+	3,  // 12: gpumetrics.v1.StreamDeclarationsResponse.rejections:type_name -> gpumetrics.v1.Rejection
+	2,  // 13: gpumetrics.v1.ProfilerIntegrationService.DeclareProcesses:input_type -> gpumetrics.v1.DeclareProcessesRequest
+	6,  // 14: gpumetrics.v1.ProfilerIntegrationService.ReportExits:input_type -> gpumetrics.v1.ReportExitsRequest
+	11, // 15: gpumetrics.v1.ProfilerIntegrationService.StreamDeclarations:input_type -> gpumetrics.v1.StreamDeclarationsRequest
+	4,  // 16: gpumetrics.v1.ProfilerIntegrationService.DeclareProcesses:output_type -> gpumetrics.v1.DeclareProcessesResponse
+	7,  // 17: gpumetrics.v1.ProfilerIntegrationService.ReportExits:output_type -> gpumetrics.v1.ReportExitsResponse
+	12, // 18: gpumetrics.v1.ProfilerIntegrationService.StreamDeclarations:output_type -> gpumetrics.v1.StreamDeclarationsResponse
+	16, // [16:19] is the sub-list for method output_type
+	13, // [13:16] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_gpumetrics_v1_profiler_proto_init() }
@@ -892,11 +984,12 @@ func file_gpumetrics_v1_profiler_proto_init() {
 	if File_gpumetrics_v1_profiler_proto != nil {
 		return
 	}
-	file_gpumetrics_v1_profiler_proto_msgTypes[10].OneofWrappers = []any{
+	file_gpumetrics_v1_profiler_proto_msgTypes[11].OneofWrappers = []any{
 		(*StreamDeclarationsRequest_Declare)(nil),
 		(*StreamDeclarationsRequest_Exit)(nil),
 		(*StreamDeclarationsRequest_ResyncBegin)(nil),
 		(*StreamDeclarationsRequest_ResyncEnd)(nil),
+		(*StreamDeclarationsRequest_DeclareBatch)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -904,7 +997,7 @@ func file_gpumetrics_v1_profiler_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpumetrics_v1_profiler_proto_rawDesc), len(file_gpumetrics_v1_profiler_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

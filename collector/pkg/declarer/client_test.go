@@ -3,6 +3,7 @@ package declarer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -390,4 +391,104 @@ func TestNewValidatesOptions(t *testing.T) {
 	require.ErrorContains(t, err, `declarer: name "has space" must be at most 128 characters of [A-Za-z0-9._:/-]`)
 	_, err = New(nil, Options{MaxProcesses: -1})
 	require.ErrorContains(t, err, "must not be negative")
+}
+
+func TestAResyncSendsItsDeclarationsInBatches(t *testing.T) {
+	srv := declaretest.New()
+	lis := declaretest.NewListener(t, srv)
+	lis.Start()
+	c := newClient(t, lis.Endpoint, Options{Name: "agent"})
+	all := make([]Process, 600)
+	for i := range all {
+		all[i] = proc(uint32(1000+i), uint64(i), "worker")
+	}
+	require.NoError(t, c.Resync(all))
+	ev := srv.WaitFor(t, "a resync of the 600", func(ev []declaretest.Event) bool {
+		return hasSuffix(ev, "1:resync_end") && declaretest.LastDeclare(ev, 1599) != nil
+	})
+	batches := map[int]int{}
+	for _, e := range ev {
+		if e.Kind() == "declare" {
+			batches[e.Batch]++
+		}
+	}
+	// 600 processes: 256 + 256 + 88, three DeclareBatch events (answered three times, not 600)
+	assert.Equal(t, map[int]int{1: batchMax, 2: batchMax, 3: 600 - 2*batchMax}, batches)
+	waitStats(t, c, "every declaration answered", func(s Stats) bool {
+		return s.Declared == 600 && s.Pending == 0
+	})
+}
+
+func TestABatchStaysWithinTheSidecarsElementCount(t *testing.T) {
+	// 100 processes of 99 environment variables each: 100 elements apiece as the sidecar counts
+	// them before parsing (server.max_request_elements), 10 000 in all; one DeclareBatch of
+	// them would be refused unparsed at the default 1 MiB receive limit (8192 elements)
+	srv := declaretest.New()
+	lis := declaretest.NewListener(t, srv)
+	lis.Start()
+	c := newClient(t, lis.Endpoint, Options{Name: "agent"})
+	all := make([]Process, 100)
+	for i := range all {
+		all[i] = proc(uint32(2000+i), uint64(i), "worker")
+		for v := 0; v < 99; v++ {
+			all[i].Environment = append(all[i].Environment, EnvVar{Name: fmt.Sprintf("V%d", v), Value: []byte("1")})
+		}
+	}
+	require.NoError(t, c.Resync(all))
+	ev := srv.WaitFor(t, "a resync of the 100", func(ev []declaretest.Event) bool {
+		return hasSuffix(ev, "1:resync_end") && declaretest.LastDeclare(ev, 2099) != nil
+	})
+	batches := map[int]int{}
+	for _, e := range ev {
+		if e.Kind() == "declare" {
+			batches[e.Batch]++
+		}
+	}
+	per := batchElements / 100 // whole declarations of 100 elements in one batch
+	assert.Equal(t, map[int]int{1: per, 2: per, 3: 100 - 2*per}, batches)
+	waitStats(t, c, "every declaration answered", func(s Stats) bool {
+		return s.Declared == 100 && s.Pending == 0
+	})
+}
+
+func TestAnOlderSidecarGetsOneDeclareEventPerProcess(t *testing.T) {
+	srv := declaretest.New()
+	srv.NoBatch = true // answers a DeclareBatch with "event": no event set, as before it existed
+	lis := declaretest.NewListener(t, srv)
+	lis.Start()
+	obs := &recorder{}
+	c := newClient(t, lis.Endpoint, Options{Observer: obs})
+	for pid := uint32(60); pid < 63; pid++ {
+		_, err := c.Declare(proc(pid, 1, "worker"))
+		require.NoError(t, err)
+	}
+	waitStats(t, c, "declared one by one", func(s Stats) bool { return s.Declared == 3 && s.Pending == 0 })
+	for _, e := range srv.Events() {
+		assert.Zero(t, e.Batch, "after the first batch is refused, no other is sent")
+	}
+	assert.Zero(t, c.Stats().Rejected, "the refused batch is resent, not counted as rejected")
+	assert.Empty(t, obs.rejections())
+	// a new process later goes as a declare event too
+	_, err := c.Declare(proc(70, 1, "late"))
+	require.NoError(t, err)
+	srv.WaitFor(t, "declare(70)", func(ev []declaretest.Event) bool { return hasSuffix(ev, "1:declare(70)") })
+}
+
+func TestRejectionsInABatchAreReportedPerProcess(t *testing.T) {
+	srv := declaretest.New()
+	srv.Reject = func(req *gpumetricsv1.StreamDeclarationsRequest) *gpumetricsv1.Rejection {
+		if d := req.GetDeclare(); d != nil && d.GetPid() == 82 {
+			return &gpumetricsv1.Rejection{Pid: 82, Field: "declare_batch.processes[2].pid", Reason: "too large"}
+		}
+		return nil
+	}
+	lis := declaretest.NewListener(t, srv)
+	lis.Start()
+	obs := &recorder{}
+	c := newClient(t, lis.Endpoint, Options{Observer: obs})
+	require.NoError(t, c.Resync([]Process{proc(80, 1, "a"), proc(81, 1, "b"), proc(82, 1, "c")}))
+	waitStats(t, c, "two declared, one rejected", func(s Stats) bool {
+		return s.Declared == 2 && s.Rejected == 1 && s.Pending == 0
+	})
+	assert.Equal(t, []string{"declare_batch.processes[2].pid: too large"}, obs.rejections())
 }

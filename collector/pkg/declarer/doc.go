@@ -14,7 +14,8 @@
 // One goroutine keeps a StreamDeclarations stream to the sidecar, waits for a sidecar that is
 // down, and after every (re)connect replays every held process between ResyncBegin and ResyncEnd,
 // so the sidecar drops whatever this declarer (Options.Name) declared before and no longer
-// holds. The Collector's gpumetrics exporter (collector/exporter/gpumetricsexporter) is built on
+// holds. Declarations go in DeclareBatch events (up to 256 per event, one answer each), or one
+// declare event each to a sidecar that predates DeclareBatch. The Collector's gpumetrics exporter (collector/exporter/gpumetricsexporter) is built on
 // it; examples/declarer is a runnable agent. docs/protocol.md describes the protocol.
 //
 //	conn, _ := grpc.NewClient("unix:///run/gpumetrics/profiler.sock",

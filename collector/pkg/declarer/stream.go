@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 
 	gpumetricsv1 "github.com/gpumetrics/gpumetrics/collector/internal/gpumetricsv1"
 )
@@ -21,6 +22,19 @@ const (
 	kindExit
 	kindResyncBegin
 	kindResyncEnd
+	kindDeclareBatch
+)
+
+// Declarations go in DeclareBatch events of at most batchMax entries, batchBytes encoded bytes
+// and batchElements repeated elements (the first one that is reached), below the sidecar's
+// defaults: server.max_declarations_per_request 4096, a 1 MiB message
+// (server.max_receive_message_bytes), and the 8192 repeated elements it counts in a message of
+// that size before parsing it (server.max_request_elements: each entry and each of its
+// environment variables is one). A single declaration over a bound goes alone.
+const (
+	batchMax      = 256
+	batchBytes    = 512 << 10
+	batchElements = 4096
 )
 
 // sentEvent is a message sent and not yet answered (the sidecar answers every message once, in
@@ -28,8 +42,21 @@ const (
 type sentEvent struct {
 	kind  eventKind
 	pid   uint32
-	count int // kindResyncEnd: the processes replayed
+	count int      // kindResyncEnd: the processes replayed
+	pids  []uint32 // kindDeclareBatch: the processes declared, in order
+	// answer, when set, receives the answer once it is accounted (the first batch of a stream
+	// waits for it: whether this sidecar takes DeclareBatch at all)
+	answer chan *gpumetricsv1.StreamDeclarationsResponse
 }
+
+// batching says whether the sidecar of this stream takes DeclareBatch events.
+type batching int
+
+const (
+	batchUnknown batching = iota // no batch answered yet on this stream
+	batchYes
+	batchNo // an older sidecar: "event" rejected; one declare event per process
+)
 
 // heldState is what the current stream told the sidecar about one pid.
 type heldState struct {
@@ -49,6 +76,10 @@ type session struct {
 	broken   chan struct{} // closed by receive when the stream ended; recvErr says how
 	recvErr  error
 	answered atomic.Bool // the sidecar answered at least one event
+	batching batching    // the sending goroutine's
+	pending  []change    // declarations gathered for the next DeclareBatch
+	size     int         // their encoded bytes
+	elements int         // their repeated elements, as the sidecar counts them
 }
 
 var (
@@ -170,7 +201,9 @@ func (s *session) resync(batch []change) error {
 		if err := s.declare(ch.pid, ch.e); err != nil {
 			return err
 		}
-		s.c.unsent.Add(-1)
+	}
+	if err := s.flush(); err != nil {
+		return err
 	}
 	end := &gpumetricsv1.StreamDeclarationsRequest{Event: &gpumetricsv1.StreamDeclarationsRequest_ResyncEnd{ResyncEnd: &gpumetricsv1.ResyncEnd{}}}
 	return s.send(end, sentEvent{kind: kindResyncEnd, count: len(batch)})
@@ -180,16 +213,16 @@ func (s *session) resync(batch []change) error {
 // stream had declared.
 func (s *session) apply(batch []change) error {
 	for _, ch := range batch {
-		s.c.unsent.Add(-1)
 		held, ok := s.held[ch.pid]
 		switch {
 		case ch.e != nil && ok && held.fp == ch.e.fp:
-			// changed and changed back before it was sent
+			s.c.unsent.Add(-1) // changed and changed back before it was sent
 		case ch.e != nil:
 			if err := s.declare(ch.pid, ch.e); err != nil {
 				return err
 			}
 		case ok:
+			s.c.unsent.Add(-1)
 			delete(s.held, ch.pid)
 			exit := &gpumetricsv1.StreamDeclarationsRequest{Event: &gpumetricsv1.StreamDeclarationsRequest_Exit{
 				Exit: &gpumetricsv1.ProcessExit{Pid: ch.pid, StartTimeTicks: held.start},
@@ -197,15 +230,100 @@ func (s *session) apply(batch []change) error {
 			if err := s.send(exit, sentEvent{kind: kindExit, pid: ch.pid}); err != nil {
 				return err
 			}
+		default:
+			s.c.unsent.Add(-1)
 		}
+	}
+	return s.flush()
+}
+
+// declare gathers pid's declaration for the next DeclareBatch (sent when it is full, or by
+// flush), or sends it as a declare event to a sidecar that takes no batches.
+func (s *session) declare(pid uint32, e *entry) error {
+	s.held[pid] = heldState{fp: e.fp, start: e.decl.GetStartTimeTicks()}
+	if s.batching == batchNo {
+		s.c.unsent.Add(-1)
+		return s.declareOne(pid, e)
+	}
+	size := proto.Size(e.decl)
+	elements := 1 + len(e.decl.GetEnvironment())
+	if len(s.pending) > 0 && (s.size+size > batchBytes || s.elements+elements > batchElements) {
+		if err := s.flush(); err != nil {
+			return err
+		}
+	}
+	s.pending = append(s.pending, change{pid, e})
+	s.size += size
+	s.elements += elements
+	if len(s.pending) >= batchMax {
+		return s.flush()
 	}
 	return nil
 }
 
-func (s *session) declare(pid uint32, e *entry) error {
-	s.held[pid] = heldState{fp: e.fp, start: e.decl.GetStartTimeTicks()}
+func (s *session) declareOne(pid uint32, e *entry) error {
 	req := &gpumetricsv1.StreamDeclarationsRequest{Event: &gpumetricsv1.StreamDeclarationsRequest_Declare{Declare: e.decl}}
 	return s.send(req, sentEvent{kind: kindDeclare, pid: pid})
+}
+
+// flush sends the gathered declarations as one DeclareBatch. The first batch of a stream waits
+// for its answer: a sidecar that does not know DeclareBatch (it answers "event", no event set)
+// gets those declarations again one declare event each, and every later one too.
+func (s *session) flush() error {
+	batch := s.pending
+	if len(batch) == 0 {
+		return nil
+	}
+	s.pending, s.size, s.elements = nil, 0, 0
+	if s.batching == batchNo {
+		for _, ch := range batch {
+			s.c.unsent.Add(-1)
+			if err := s.declareOne(ch.pid, ch.e); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	decls := make([]*gpumetricsv1.ProcessDeclaration, len(batch))
+	pids := make([]uint32, len(batch))
+	for i, ch := range batch {
+		decls[i], pids[i] = ch.e.decl, ch.pid
+	}
+	ev := sentEvent{kind: kindDeclareBatch, pids: pids}
+	if s.batching == batchUnknown {
+		ev.answer = make(chan *gpumetricsv1.StreamDeclarationsResponse, 1)
+	}
+	req := &gpumetricsv1.StreamDeclarationsRequest{Event: &gpumetricsv1.StreamDeclarationsRequest_DeclareBatch{
+		DeclareBatch: &gpumetricsv1.DeclareBatch{Processes: decls},
+	}}
+	if err := s.send(req, ev); err != nil {
+		return err
+	}
+	s.c.unsent.Add(-int64(len(batch)))
+	if ev.answer == nil {
+		return nil
+	}
+	select {
+	case resp := <-ev.answer:
+		if !batchUnknownEvent(resp) {
+			s.batching = batchYes
+			return nil
+		}
+	case <-s.broken:
+		return s.brokenErr()
+	case <-s.ctx.Done():
+		return s.ctx.Err()
+	}
+	s.batching = batchNo
+	s.c.unsent.Add(int64(len(batch)))
+	s.pending = batch
+	return s.flush()
+}
+
+// batchUnknownEvent tells whether resp is an older sidecar's answer to an event it does not
+// know: nothing was applied and the declarations must be sent as declare events.
+func batchUnknownEvent(resp *gpumetricsv1.StreamDeclarationsResponse) bool {
+	return !resp.GetAccepted() && resp.GetRejection().GetField() == "event"
 }
 
 // send records ev as awaiting its answer (waiting while MaxInFlight events are unanswered) and
@@ -213,8 +331,11 @@ func (s *session) declare(pid uint32, e *entry) error {
 func (s *session) send(req *gpumetricsv1.StreamDeclarationsRequest, ev sentEvent) error {
 	select {
 	case s.inflight <- ev:
-		if ev.kind == kindDeclare || ev.kind == kindExit {
+		switch ev.kind {
+		case kindDeclare, kindExit:
 			s.c.unanswered.Add(1)
+		case kindDeclareBatch:
+			s.c.unanswered.Add(int64(len(ev.pids)))
 		}
 	case <-s.broken:
 		return s.brokenErr()
@@ -279,14 +400,24 @@ func (s *session) receive() {
 			return
 		}
 		s.answered.Store(true)
-		if ev.kind == kindDeclare || ev.kind == kindExit {
+		switch ev.kind {
+		case kindDeclare, kindExit:
 			c.unanswered.Add(-1)
+		case kindDeclareBatch:
+			c.unanswered.Add(-int64(len(ev.pids)))
 		}
 		s.account(c, ev, resp)
+		if ev.answer != nil {
+			ev.answer <- resp
+		}
 	}
 }
 
 func (s *session) account(c *Client, ev sentEvent, resp *gpumetricsv1.StreamDeclarationsResponse) {
+	if ev.kind == kindDeclareBatch {
+		s.accountBatch(c, ev, resp)
+		return
+	}
 	if !resp.GetAccepted() {
 		c.rejected.Add(1)
 		if c.opts.Observer != nil {
@@ -308,5 +439,35 @@ func (s *session) account(c *Client, ev sentEvent, resp *gpumetricsv1.StreamDecl
 			c.opts.Observer.Resynced(ev.count, resp.GetReleased())
 		}
 	case kindResyncBegin:
+	}
+}
+
+// accountBatch counts a DeclareBatch's answer: each entry declared or rejected (its index says
+// which); a batch refused whole is counted per entry, except an older sidecar's "event" answer,
+// which the sender resends as declare events.
+func (s *session) accountBatch(c *Client, ev sentEvent, resp *gpumetricsv1.StreamDeclarationsResponse) {
+	if batchUnknownEvent(resp) && ev.answer != nil {
+		return
+	}
+	c.declared.Add(uint64(resp.GetDeclared()))
+	rejections := resp.GetRejections()
+	if r := resp.GetRejection(); r != nil && !resp.GetAccepted() && len(rejections) == 0 {
+		c.rejected.Add(uint64(len(ev.pids))) // refused whole (e.g. more entries than allowed)
+		if c.opts.Observer != nil {
+			for _, pid := range ev.pids {
+				c.opts.Observer.Rejected(pid, r.GetField(), r.GetReason())
+			}
+		}
+		return
+	}
+	c.rejected.Add(uint64(len(rejections)))
+	if c.opts.Observer != nil {
+		for _, r := range rejections {
+			pid := r.GetPid()
+			if i := int(r.GetIndex()); i < len(ev.pids) {
+				pid = ev.pids[i]
+			}
+			c.opts.Observer.Rejected(pid, r.GetField(), r.GetReason())
+		}
 	}
 }

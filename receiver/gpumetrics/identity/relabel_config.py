@@ -29,7 +29,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import re2
 import yaml
 
 from gpumetrics.yamlfile import decode_utf8, yaml_problem
@@ -84,6 +83,8 @@ class AnchoredRegex:
     __slots__ = ("pattern", "_re", "_names")
 
     def __init__(self, pattern: str) -> None:
+        import re2  # google-re2 only where relabel rules are configured (RSS, docs/performance.md)
+
         _reject_any_byte(pattern)
         options = re2.Options()
         options.log_errors = False

@@ -10,18 +10,36 @@ this node's ResourceSlices), :mod:`.emission` (when ``nvidia.gpu.k8s.allocation`
 (:class:`PodAttribution`: the refresher thread and the snapshot the collector reads).
 """
 
-from gpumetrics.kubernetes.allocations import (
-    EMPTY,
-    Allocations,
-    Grant,
-    Holder,
-    build_allocations,
-    device_attributes,
-    parse_device_id,
-)
-from gpumetrics.kubernetes.attribution import PodAttribution
-from gpumetrics.kubernetes.client import Failure, PodResourcesClient, PodResourcesError
-from gpumetrics.kubernetes.settings import DRASettings, GPUIdType, KubernetesSettings
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "EMPTY": "allocations",
+    "Allocations": "allocations",
+    "Grant": "allocations",
+    "Holder": "allocations",
+    "build_allocations": "allocations",
+    "device_attributes": "allocations",
+    "parse_device_id": "allocations",
+    "PodAttribution": "attribution",
+    "Failure": "client",
+    "PodResourcesClient": "client",
+    "PodResourcesError": "client",
+    "DRASettings": "settings",
+    "GPUIdType": "settings",
+    "KubernetesSettings": "settings",
+}
+"""Name → the module of this package that defines it. Loaded on first use (PEP 562): the
+configuration imports :mod:`.settings` on every node, the client and its generated gRPC stubs
+are loaded only where attribution runs (docs/performance.md, memory)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "EMPTY",

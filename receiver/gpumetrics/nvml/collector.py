@@ -378,7 +378,7 @@ class Collector:
             jobs[dev.uuid] = self._job(dev, tick)
         outcomes = self._pool.run(jobs, self._settings.cycle_deadline_s)
         report = CycleReport(True, "ok")
-        points = Points()
+        points: list[Points] = []
         replaced: dict[str, Device] = {}
         for key, out in outcomes.items():
             dev = next(d for d in self._devices if d.uuid == key)
@@ -387,7 +387,7 @@ class Collector:
                 if fresh is not dev:
                     replaced[key] = fresh
                 if got is not None:
-                    points.extend(got)
+                    points.append(got)
             elif out.status is Status.FAILED:
                 if isinstance(out.error, LibraryDown):
                     return self._library_down(out.error.error)
@@ -546,9 +546,11 @@ class Collector:
     def _all_devices(self) -> list[Device]:
         return with_instances(self._devices)
 
-    def _commit(self, points: Points, now_ns: int) -> int:
+    def _commit(self, points: list[Points], now_ns: int) -> int:
         if self._events is not None and self._settings.wants(names.MetricGPUEvents):
-            self._events.counter_points(self._all_devices(), now_ns, points)
+            events = Points(self._producer.specs)
+            self._events.counter_points(self._all_devices(), now_ns, events)
+            points.append(events)
         return commit(self._producer, self._telemetry, self._devices, points, now_ns)
 
     def _publish_devices(self) -> None:

@@ -1,24 +1,23 @@
 """Committing one cycle's points to the producer, and the per-cycle self-telemetry gauges.
 
-A cycle's points are gathered per device (see :mod:`gpumetrics.nvml.context`) and committed
-here in one ``record_host`` call plus one ``record_process`` call per pid, as whole point lists
-(``MetricBuffer.extend``), together with ``hw.status`` for every device (every state, 1 for the
-current; semantic conventions ``metric.hw.gpu.status``), and ``nvidia.gpu.k8s.allocation`` for
-every holder of a device (its annotation, :mod:`gpumetrics.metrics.attribution`). The buffer's
-rules are the last guard: a point ``MetricBuffer.extend`` refuses is counted as
+A cycle's points are gathered per device as columns (:class:`~gpumetrics.metrics.columns.Points`,
+see :mod:`gpumetrics.nvml.context`) and committed here with one ``Producer.commit`` call,
+after ``hw.status`` for every device (every state, 1 for the current; semantic conventions
+``metric.hw.gpu.status``) and ``nvidia.gpu.k8s.allocation`` for every holder of a device (its
+annotation, :mod:`gpumetrics.metrics.attribution`). The producer checks every column against
+``MetricBuffer.add``'s rules (the last guard): a point it refuses is counted as
 ``gpumetrics.values.dropped{reason=invalid_point}`` instead of failing the cycle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 
 from gpumetrics.metrics import names
-from gpumetrics.metrics.buffer import MetricBuffer, Point
 from gpumetrics.metrics.producer import Producer
 from gpumetrics.nvml.context import Points
 from gpumetrics.nvml.device import Device
-from gpumetrics.nvml.state import HealthState
+from gpumetrics.nvml.state import STATES
 from gpumetrics.selftelemetry import SelfTelemetry
 
 _GPU_TYPE = ((names.AttrHwType, names.HwTypeGPU),)
@@ -50,49 +49,28 @@ def allocation_points(devices: Iterable[Device], now_ns: int, points: Points) ->
             points.add(names.MetricGPUK8sAllocation, value, now_ns, d.id_attrs + attrs, 0)
 
 
-class _Adder:
-    """Appends a cycle's point lists to buffers, counting the points the model refuses."""
-
-    def __init__(self) -> None:
-        self.refused = 0
-        self.added = 0
-
-    def lists(self, *groups: dict[str, list[Point]]) -> Callable[[MetricBuffer], None]:
-        def add(buf: MetricBuffer) -> None:
-            for group in groups:
-                for metric, pts in group.items():
-                    refused = buf.extend(metric, pts)
-                    self.refused += refused
-                    self.added += len(pts) - refused
-
-        return add
-
-
 def commit(
     producer: Producer,
     telemetry: SelfTelemetry,
     devices: list[Device],
-    points: Points,
+    points: Sequence[Points],
     now_ns: int,
 ) -> int:
-    """Record ``points`` and ``hw.status`` of ``devices`` into ``producer``; return the count."""
+    """Record ``points`` (each device's) and ``hw.status`` of ``devices``; return the count."""
     all_devices = with_instances(devices)
-    first = Points()  # hw.status and allocations lead the host resource, as they always did
+    first = Points(producer.specs)  # hw.status and allocations lead the host resource
     status_points(all_devices, now_ns, first)
     allocation_points(all_devices, now_ns, first)
-    adder = _Adder()
-    producer.record_host(adder.lists(first.host, points.host))
-    for pid, by_metric in points.processes.items():
-        producer.record_process(pid, adder.lists(by_metric))
-    if adder.refused:
-        telemetry.add("gpumetrics.values.dropped", adder.refused, {"reason": "invalid_point"})
+    added, refused = producer.commit(first, *points)
+    if refused:
+        telemetry.add("gpumetrics.values.dropped", refused, {"reason": "invalid_point"})
     publish_devices(telemetry, all_devices)
-    return adder.added
+    return added
 
 
 def publish_devices(telemetry: SelfTelemetry, devices: Iterable[Device]) -> None:
     """Set ``gpumetrics.devices{hw.state}`` (every state, MIG instances included)."""
-    counts = {s.value: 0 for s in HealthState}
+    counts = {s.value: 0 for s in STATES}
     for d in devices:
         counts[d.health.state.value] += 1
     telemetry.replace(

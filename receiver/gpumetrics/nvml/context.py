@@ -1,10 +1,10 @@
 """What every reader needs for one tick: clocks, settings, telemetry and the point sink.
 
 :class:`Context` lives as long as the collector; :class:`Tick` is built for one device per tick
-and collects that device's points (:class:`Points`) so the collector can commit them to the
-producer only when the whole device read finished before its deadline. Points are
-``metrics.buffer.Point`` tuples grouped by metric; the collector validates them through
-``MetricBuffer.extend`` (the same rules as ``MetricBuffer.add``) when it commits.
+and collects that device's points (:class:`~gpumetrics.metrics.columns.Points`: device points
+as per-metric columns, per-process points as whole tables) so the collector can commit them to
+the producer only when the whole device read finished before its deadline; the producer checks
+them against ``MetricBuffer.add``'s rules, column by column, when it commits.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumetrics.metrics.buffer import Attributes, Point
+from gpumetrics.metrics.columns import Points
 from gpumetrics.nvml.library import Session
 from gpumetrics.nvml.samples import Sample, TimeBase, read_samples
 from gpumetrics.nvml.settings import CollectionSettings
@@ -59,86 +59,6 @@ class Context:
     monotonic_ns: Callable[[], int]
     timebase: TimeBase
     pid_max: int
-
-
-_new = tuple.__new__
-
-
-class Points:
-    """Points gathered by one device's tick, committed together or not at all.
-
-    Held as :class:`~gpumetrics.metrics.buffer.Point` lists per metric name (device points)
-    and per pid and metric name (per-process points), the shape ``MetricBuffer.extend`` takes,
-    so committing a cycle appends whole lists instead of re-reading every point.
-
-    Attributes:
-        host: device points by metric name.
-        processes: per-process points by pid, then metric name.
-
-    """
-
-    __slots__ = ("host", "processes")
-
-    def __init__(self) -> None:
-        self.host: dict[str, list[Point]] = {}
-        self.processes: dict[int, dict[str, list[Point]]] = {}
-
-    def add(
-        self, metric: str, value: int | float, time_ns: int, attrs: Attributes, start_ns: int = 0
-    ) -> None:
-        """Add a device point."""
-        pts = self.host.get(metric)
-        if pts is None:
-            pts = self.host[metric] = []
-        pts.append(_new(Point, (value, time_ns, attrs, start_ns)))
-
-    def add_process(
-        self,
-        pid: int,
-        metric: str,
-        value: int | float,
-        time_ns: int,
-        attrs: Attributes,
-        start_ns: int = 0,
-    ) -> None:
-        """Add a per-process point for ``pid``."""
-        self.process_list(pid, metric).append(_new(Point, (value, time_ns, attrs, start_ns)))
-
-    def process_list(self, pid: int, metric: str) -> list[Point]:
-        """Return the point list of ``metric`` for ``pid`` (for readers that add many)."""
-        by_metric = self.processes.get(pid)
-        if by_metric is None:
-            by_metric = self.processes[pid] = {}
-        pts = by_metric.get(metric)
-        if pts is None:
-            pts = by_metric[metric] = []
-        return pts
-
-    def extend(self, other: Points) -> None:
-        """Append ``other``'s points."""
-        _merge(self.host, other.host)
-        for pid, by_metric in other.processes.items():
-            mine = self.processes.get(pid)
-            if mine is None:
-                self.processes[pid] = by_metric
-            else:
-                _merge(mine, by_metric)
-
-    def __len__(self) -> int:
-        """Return the number of points held."""
-        n = sum(len(p) for p in self.host.values())
-        for by_metric in self.processes.values():
-            n += sum(len(p) for p in by_metric.values())
-        return n
-
-
-def _merge(into: dict[str, list[Point]], other: dict[str, list[Point]]) -> None:
-    for metric, pts in other.items():
-        mine = into.get(metric)
-        if mine is None:
-            into[metric] = pts
-        else:
-            mine.extend(pts)
 
 
 @dataclass

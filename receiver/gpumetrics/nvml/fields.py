@@ -8,9 +8,10 @@ the id) is left out of this device's later requests until the next NVML init, co
 INFO line per call that found some, so a device without NVLink costs one call and one line,
 not a warning per field per tick. When no requested field is left, no call is made.
 
-Values are decoded through the union member their ``valueType`` names
-(:func:`gpumetrics.nvml.samples.decode_value`); an unknown type drops the field's value for
-this read (``unknown_value_type``).
+Values are decoded through the union member their ``valueType`` names; an unknown type drops
+the field's value for this read (``unknown_value_type``). The call goes to the C symbol with
+the device's kept ``nvmlFieldValue_t`` array, decoded with ``struct``
+(:func:`gpumetrics.nvml.records.field_values`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import pynvml
 
+from gpumetrics.nvml import records
 from gpumetrics.nvml.calls import NVML_ERRORS, DeviceCalls, DeviceLost, LibraryDown
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.device import Device
@@ -54,16 +56,20 @@ def field_name(field_id: int) -> str:
 
 
 Field = int | tuple[int, int]
-"""A field to read: an ``NVML_FI_DEV_*`` id (scope 0), or ``(id, scopeId)``."""
+"""A field to read: an ``NVML_FI_DEV_*`` id (scope 0), or ``(id, scopeId)`` (an NVLink
+counter's link, or ``UINT_MAX`` for all links)."""
 
 
-def _field_id(field: Field) -> int:
-    return field[0] if isinstance(field, tuple) else field
+def field_label(field: Field) -> str:
+    """``NVML_FI_DEV_…`` name of ``field``, with ``[scope]`` for a scoped one."""
+    if isinstance(field, tuple):
+        return f"{field_name(field[0])}[{field[1]}]"
+    return field_name(field)
 
 
 def read_fields(
     dev: Device, tick: Tick, purpose: str, fields: Sequence[Field]
-) -> dict[int, int | float]:
+) -> dict[Field, int | float]:
     """Read ``fields`` of ``dev`` in one call; return the values of those that answered.
 
     Args:
@@ -71,51 +77,51 @@ def read_fields(
         tick: the tick (telemetry, log).
         purpose: names the read in the capability key (``nvmlDeviceGetFieldValues:<purpose>``),
             so an unusable call for one concern does not disable the others.
-        fields: ``NVML_FI_DEV_*`` ids (scope 0), or ``(id, scopeId)`` pairs (an NVLink
-            counter's link, or ``UINT_MAX`` for all links); one scope per id.
+        fields: ``NVML_FI_DEV_*`` ids (scope 0), or ``(id, scopeId)`` pairs
+            (``nvmlFieldValue_t``'s ``scopeId``: an NVLink counter's link, or ``UINT_MAX`` for
+            all links). A field that answered NOT_SUPPORTED, NO_PERMISSION or
+            FUNCTION_NOT_FOUND is left out by what was requested (id and scope).
 
     Returns:
-        ``{field id: value}`` for fields that answered SUCCESS; empty when none is left or the
-        call failed.
+        ``{field: value}`` (keyed as requested) for fields that answered SUCCESS; empty when
+        none is left or the call failed.
 
     Raises:
         DeviceLost, LibraryDown: as from the gate.
 
     """
-    dropped: set[int] = dev.state.setdefault("fields_disabled", set())
-    wanted = [f for f in fields if _field_id(f) not in dropped]
+    dropped: set[Field] = dev.state.setdefault("fields_disabled", set())
+    wanted = [f for f in fields if f not in dropped]
     if not wanted:
         return {}
     values = dev.calls.get(
-        f"{FUNCTION}:{purpose}", FUNCTION, pynvml.nvmlDeviceGetFieldValues, dev.handle, wanted
+        f"{FUNCTION}:{purpose}", FUNCTION, records.field_values, dev.handle, wanted, dev.records
     )
     if values is None:
         return {}
-    out: dict[int, int | float] = {}
+    out: dict[Field, int | float] = {}
     unsupported = []
-    for fv in values:
-        field_id, ret = int(fv.fieldId), int(fv.nvmlReturn)
+    for field, (ret, value) in zip(wanted, values, strict=True):  # NVML answers in order
         if ret == pynvml.NVML_SUCCESS:
-            value = decode_value(int(fv.valueType), fv.value)
             if value is None:
-                dev.calls.drop(FUNCTION, "unknown_value_type", detail=field_name(field_id))
+                dev.calls.drop(FUNCTION, "unknown_value_type", detail=field_label(field))
                 continue
-            out[field_id] = value
+            out[field] = value
             continue
-        tick.ctx.telemetry.add(
+        name = field_name(field[0] if isinstance(field, tuple) else field)
+        tick.ctx.telemetry.add(  # by field id: one series per field, whatever its scopes
             NVML_ERRORS,
             1,
-            {
-                "nvml.function": f"{FUNCTION}:{field_name(field_id)}",
-                "nvml.return_code": code_name(ret),
-            },
+            {"nvml.function": f"{FUNCTION}:{name}", "nvml.return_code": code_name(ret)},
         )
         if ret in _DISABLING:
-            dropped.add(field_id)
-            unsupported.append(f"{field_name(field_id)} ({code_name(ret)})")
+            dropped.add(field)
+            unsupported.append(f"{name} ({code_name(ret)})")
     if unsupported:
         dev.calls.note(
-            FUNCTION, "fields not answered, not asked again on this GPU: " + ", ".join(unsupported)
+            FUNCTION,
+            "fields not answered, not asked again on this GPU: "
+            + ", ".join(dict.fromkeys(unsupported)),  # a scoped field once, not once per link
         )
     return out
 

@@ -38,15 +38,17 @@ from __future__ import annotations
 import ctypes
 import logging
 import struct
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from itertools import repeat
+from typing import Any, cast
 
 import pynvml
 
 from gpumetrics.metrics import names
-from gpumetrics.metrics.buffer import Attributes, Point
+from gpumetrics.metrics.buffer import Attributes
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.convert import U32_NA, U64_NA
 from gpumetrics.nvml.device import MAX_MIG_ID, Device
@@ -57,7 +59,6 @@ LISTS = ("Compute", "Graphics", "MPSCompute")
 LIST_TYPES = {"Compute": "compute", "Graphics": "graphics", "MPSCompute": "mps"}
 """Each list's ``nvidia.gpu.process.type``."""
 INSUFFICIENT_SIZE = frozenset({pynvml.NVML_ERROR_INSUFFICIENT_SIZE})
-_new = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,9 +188,130 @@ def _entry(raw: tuple[Any, ...], pid_max: int, total: int | None) -> ProcessEntr
     return ProcessEntry(pid, mem, ids[0], ids[1])
 
 
+class ProcessTable:
+    """The running processes of one device in one tick, merged over its lists: a row per pid.
+
+    Columns, in the order the lists gave the pids (compute, then graphics, then MPS):
+
+    Attributes:
+        pids: host pids (NVML always reports host pids, F15), each once.
+        used_bytes: GPU memory used per pid, or None where NVML says not available.
+        gpu_instance_ids / compute_instance_ids: MIG ids per pid, or None (not MIG, v1 record).
+
+    """
+
+    __slots__ = ("pids", "used_bytes", "gpu_instance_ids", "compute_instance_ids", "_set")
+
+    def __init__(
+        self,
+        pids: Sequence[int],
+        used_bytes: Sequence[int | None],
+        gpu_instance_ids: Sequence[int | None],
+        compute_instance_ids: Sequence[int | None],
+    ) -> None:
+        self.pids = pids
+        self.used_bytes = used_bytes
+        self.gpu_instance_ids = gpu_instance_ids
+        self.compute_instance_ids = compute_instance_ids
+        self._set: frozenset[int] | None = None
+
+    def keys(self) -> frozenset[int]:
+        """Return the pids, as a set."""
+        if self._set is None:
+            self._set = frozenset(self.pids)
+        return self._set
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in self.keys()
+
+    def __len__(self) -> int:
+        return len(self.pids)
+
+    def entries(self) -> dict[int, ProcessEntry]:
+        """Return the rows as :class:`ProcessEntry` by pid (tests and diagnostics)."""
+        return {
+            pid: ProcessEntry(pid, used, gi, ci)
+            for pid, used, gi, ci in zip(
+                self.pids,
+                self.used_bytes,
+                self.gpu_instance_ids,
+                self.compute_instance_ids,
+                strict=True,
+            )
+        }
+
+    @classmethod
+    def of(cls, entries: Iterable[ProcessEntry]) -> ProcessTable:
+        """Build a table from entries (one per pid)."""
+        rows = list(entries)
+        return cls(
+            [e.pid for e in rows],
+            [e.used_bytes for e in rows],
+            [e.gpu_instance_id for e in rows],
+            [e.compute_instance_id for e in rows],
+        )
+
+
+def _none_for(column: Sequence[int], sentinel: int) -> Sequence[int | None]:
+    """``column`` with NVML's not-available ``sentinel`` as None (the column itself if none)."""
+    if sentinel not in column:
+        return column
+    return [None if v == sentinel else v for v in column]
+
+
+def _columns(raw: list[tuple[Any, ...]], pid_max: int, total: int | None) -> ProcessTable | None:
+    """Validate one list's records as columns (:func:`_entry`'s rules); None when one fails.
+
+    C-level scans only (``zip(*)``, ``min``/``max``, sets): the records pass or the caller
+    looks for the one that fails with :func:`_entry`.
+    """
+    cols = list(zip(*raw, strict=True))
+    pids, mem = cols[0], cols[1]
+    if min(pids) < 1 or max(pids) > pid_max:
+        return None
+    known = [v for v in mem if v != U64_NA] if U64_NA in mem else mem
+    if total is not None and known and max(known) > total:
+        return None
+    if len(cols) < 4:  # v1 records: no MIG ids
+        none = [None] * len(pids)
+        return ProcessTable(pids, _none_for(mem, U64_NA), none, none)
+    ids = []
+    for col in cols[2:4]:
+        distinct = set(col)
+        distinct.discard(U32_NA)
+        if distinct and not (min(distinct) >= 0 and max(distinct) < MAX_MIG_ID):
+            return None
+        ids.append(_none_for(col, U32_NA))
+    return ProcessTable(pids, _none_for(mem, U64_NA), ids[0], ids[1])
+
+
+def _merge(tables: list[ProcessTable]) -> ProcessTable:
+    """One row per pid over the lists: a "C+G" process counts once (F05).
+
+    Its memory is the first known value, in list order (compute, graphics, MPS).
+    """
+    nonempty = [t for t in tables if len(t)]
+    if len(nonempty) <= 1:
+        table = nonempty[0] if nonempty else ProcessTable([], [], [], [])
+        if len(table.keys()) == len(table.pids):
+            return table
+    merged: dict[int, ProcessEntry] = {}
+    for t in nonempty:
+        for e in t.entries().values() if len(t.keys()) == len(t.pids) else _rows(t):
+            prev = merged.get(e.pid)
+            if prev is None or (prev.used_bytes is None and e.used_bytes is not None):
+                merged[e.pid] = e
+    return ProcessTable.of(merged.values())
+
+
+def _rows(t: ProcessTable) -> Iterable[ProcessEntry]:
+    cols = (t.pids, t.used_bytes, t.gpu_instance_ids, t.compute_instance_ids)
+    return (ProcessEntry(*row) for row in zip(*cols, strict=True))
+
+
 def read_processes(
     dev: Device, tick: Tick, counts: dict[str, int] | None = None
-) -> dict[int, ProcessEntry] | None:
+) -> ProcessTable | None:
     """Read, validate and merge every process list of ``dev``.
 
     Args:
@@ -200,15 +322,16 @@ def read_processes(
             when the result is not None.
 
     Returns:
-        Entries by pid, or None when no list could be read or this tick's lists were dropped
+        One row per pid, or None when no list could be read or this tick's lists were dropped
         (struct mismatch, retries exhausted).
 
     Raises:
         DeviceLost, LibraryDown: as from the gate.
 
     """
-    merged: dict[int, ProcessEntry] = {}
+    tables: list[ProcessTable] = []
     any_list = False
+    pid_max, total = tick.ctx.pid_max, dev.memory_total_bytes
     for kind in LISTS:
         try:
             raw = _read_list(dev, tick, kind)
@@ -219,53 +342,73 @@ def read_processes(
         any_list = True
         if counts is not None:
             counts[LIST_TYPES[kind]] = len(raw)
-        for r in raw:
-            e = _entry(r, tick.ctx.pid_max, dev.memory_total_bytes)
-            if e is None:
-                tick.ctx.log.log(
-                    logging.DEBUG if dev.state.get("mismatch_logged") else logging.WARNING,
-                    "GPU %s: implausible %s process entry (pid=%s) from driver %s: "
-                    "process-info struct mismatch; dropping this device's process lists",
-                    dev.uuid,
-                    kind,
-                    r[0],
-                    tick.ctx.session.driver_version,
-                )
-                dev.state["mismatch_logged"] = True
-                dev.calls.drop(f"nvmlDeviceGet{kind}RunningProcesses", "process_struct_mismatch")
-                return None
-            prev = merged.get(e.pid)
-            if prev is None or (prev.used_bytes is None and e.used_bytes is not None):
-                merged[e.pid] = e
-    return merged if any_list else None
+        if not raw:
+            continue
+        table = _columns(raw, pid_max, total)
+        if table is None:
+            bad = next(r for r in raw if _entry(r, pid_max, total) is None)
+            tick.ctx.log.log(
+                logging.DEBUG if dev.state.get("mismatch_logged") else logging.WARNING,
+                "GPU %s: implausible %s process entry (pid=%s) from driver %s: "
+                "process-info struct mismatch; dropping this device's process lists",
+                dev.uuid,
+                kind,
+                bad[0],
+                tick.ctx.session.driver_version,
+            )
+            dev.state["mismatch_logged"] = True
+            dev.calls.drop(f"nvmlDeviceGet{kind}RunningProcesses", "process_struct_mismatch")
+            return None
+        tables.append(table)
+    return _merge(tables) if any_list else None
 
 
-def collect_process_memory(dev: Device, tick: Tick, entries: dict[int, ProcessEntry]) -> None:
+def collect_process_memory(dev: Device, tick: Tick, table: ProcessTable) -> None:
     """Add one ``nvidia.gpu.process.memory.usage`` point per process with known memory.
 
     Series start: when the pid was first seen on this device; a pid that left the lists and
-    came back starts a new series (pid reuse, F16).
+    came back starts a new series (pid reuse, F16). The points go to the tick as one table
+    per MIG id pair (a process on a MIG instance carries its instance's ids).
     """
     starts: dict[int, int] = dev.state.setdefault("process_start", {})
-    for pid in [p for p in starts if p not in entries]:
-        del starts[pid]
+    live = table.keys()
+    if len(starts) != len(live) or not live.issuperset(starts):
+        for pid in starts.keys() - live:
+            del starts[pid]
     now = tick.now_ns
+    pids = table.pids
+    first_seen = array("q", map(starts.setdefault, pids, repeat(now, len(pids))))
     if not tick.wants(names.MetricProcessMemoryUsage):
-        for pid in entries:
-            starts.setdefault(pid, now)
         return
-    metric = names.MetricProcessMemoryUsage
-    by_ids: dict[tuple[int | None, int | None], Attributes] = {}  # one tuple per MIG id pair
-    points = tick.points
-    for pid, e in entries.items():
-        start = starts.setdefault(pid, now)
-        if e.used_bytes is None:
-            continue
-        ids = (e.gpu_instance_id, e.compute_instance_id)
-        attrs = by_ids.get(ids)
-        if attrs is None:
-            attrs = by_ids[ids] = _process_attrs(dev, *ids)
-        points.process_list(pid, metric).append(_new(Point, (e.used_bytes, now, attrs, start)))
+    used = table.used_bytes
+    gis, cis = table.gpu_instance_ids, table.compute_instance_ids
+    if None not in used and all_none(gis) and all_none(cis):  # the common case: one table
+        try:  # typed columns from C-level iteration: the producer takes them as they are
+            used_col: Sequence[Any] = array("q", cast("Sequence[int]", used))  # no None: checked
+        except OverflowError:  # a value int64 cannot hold: the producer refuses it, counted
+            used_col = used
+        metric = names.MetricProcessMemoryUsage
+        tick.points.block(metric, dev.id_attrs, array("q", pids), used_col, now, first_seen)
+        return
+    groups: dict[tuple[int | None, int | None], tuple[list[int], list[int], list[int]]] = {}
+    for pid, mem, gi, ci, start in zip(pids, used, gis, cis, first_seen, strict=True):
+        if mem is None:
+            continue  # not available (WDDM, WSL2: F28): no point, never a number
+        group = groups.get((gi, ci))
+        if group is None:
+            group = groups[(gi, ci)] = ([], [], [])
+        group[0].append(pid)
+        group[1].append(mem)
+        group[2].append(start)
+    for ids, (g_pids, g_used, g_starts) in groups.items():
+        tick.points.block(
+            names.MetricProcessMemoryUsage, _process_attrs(dev, *ids), g_pids, g_used, now, g_starts
+        )
+
+
+def all_none(column: Sequence[Any]) -> bool:
+    """Tell whether every value of ``column`` is None (C-level: a list of Nones)."""
+    return not column or (column[0] is None and column.count(None) == len(column))
 
 
 def collect_process_counts(dev: Device, tick: Tick, counts: dict[str, int]) -> None:

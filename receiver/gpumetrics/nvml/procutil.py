@@ -36,14 +36,15 @@ Not called on MIG-enabled GPUs, where both APIs are documented unsupported (NVML
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from array import array
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, filterfalse, repeat
 from typing import Any
 
 import pynvml
 
 from gpumetrics.metrics import names
-from gpumetrics.metrics.buffer import Point
 from gpumetrics.nvml import convert, records
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.device import Device
@@ -61,21 +62,34 @@ _TASKS = (
 )
 """Sample fields in the order of :attr:`ProcessSamples.kept` values, their metric and attributes."""
 _READERS = {NEW: records.processes_utilization_info, OLD: records.process_utilization}
-_new = tuple.__new__
+_HUNDRED = 100.0  # ratio = percent / 100.0, as _HUNDRED.__rtruediv__ computes it
 
 
 @dataclass
 class ProcessSamples:
-    """One successful per-process utilisation answer.
+    """One successful per-process utilisation answer, as columns.
 
     Attributes:
-        kept: validated samples as ``(pid, driver timestamp µs, [sm, enc, dec, mem] %)``.
+        pids: the pid of each validated sample.
+        stamps: each validated sample's driver timestamp (µs, the driver's clock domain).
+        percents: per task in :data:`_TASKS` order (sm, enc, dec, mem), each validated
+            sample's percentage (0-100).
         sampled: every pid the answer had a sample for, dropped ones included.
 
     """
 
-    kept: list[tuple[int, int, list[int]]] = field(default_factory=list)
+    pids: Sequence[int] = ()
+    stamps: Sequence[int] = ()
+    percents: tuple[Sequence[int], ...] = ((), (), (), ())
     sampled: set[int] = field(default_factory=set)
+
+    @property
+    def kept(self) -> list[tuple[int, int, list[int]]]:
+        """The validated samples as ``(pid, timestamp µs, [sm, enc, dec, mem] %)`` (tests)."""
+        return [
+            (pid, ts, list(pcts))
+            for pid, ts, *pcts in zip(self.pids, self.stamps, *self.percents, strict=True)
+        ]
 
 
 def _read(dev: Device, tick: Tick) -> tuple[str, list[Any]] | None:
@@ -131,24 +145,28 @@ def read_process_utilization(dev: Device, tick: Tick) -> ProcessSamples | None:
     if got is None:
         return None
     function, samples = got
-    newest = None
+    if not samples:
+        return ProcessSamples()
+    pids, stamps, sm, mem, enc, dec = zip(*samples, strict=True)
+    dev.cursors.advance(CURSOR, max(stamps))
     pid_max = tick.ctx.pid_max
-    out = ProcessSamples()
-    kept, sampled = out.kept, out.sampled
-    for pid, ts, sm, mem, enc, dec in samples:
-        if newest is None or ts > newest:
-            newest = ts
-        sampled.add(pid)
+    out = ProcessSamples(pids, stamps, (sm, enc, dec, mem), set(pids))
+    if min(pids) >= 1 and max(pids) <= pid_max and max(map(max, sm, enc, dec, mem)) <= 100:
+        return out  # every sample valid: the common case, C-level scans only
+    keep: list[tuple[int, int, int, int, int, int]] = []
+    for pid, ts, s_, m_, e_, d_ in samples:
         if not 1 <= pid <= pid_max:
             dev.calls.drop(function, "invalid_pid", detail=str(pid))
             continue
-        if sm > 100 or enc > 100 or dec > 100 or mem > 100:  # unsigned: never below 0
-            values = [sm, enc, dec, mem]
+        if s_ > 100 or e_ > 100 or d_ > 100 or m_ > 100:  # unsigned: never below 0
+            values = [s_, e_, d_, m_]
             dev.calls.drop(function, convert.OUT_OF_RANGE, detail=f"pid {pid}: {values}")
             continue
-        kept.append((pid, ts, [sm, enc, dec, mem]))
-    dev.cursors.advance(CURSOR, newest)
-    return out
+        keep.append((pid, ts, s_, e_, d_, m_))
+    if not keep:
+        return ProcessSamples(sampled=out.sampled)
+    k_pids, k_stamps, *k_percents = zip(*keep, strict=True)
+    return ProcessSamples(k_pids, k_stamps, tuple(k_percents), out.sampled)
 
 
 def collect_process_utilization(
@@ -173,19 +191,24 @@ def collect_process_utilization(
     ]
     if not tasks:
         return
-    points, to_unix_ns = tick.points, tick.ctx.timebase.to_unix_ns
-    for pid, ts, values in samples.kept:
-        if live_pids is not None and pid not in live_pids:
-            continue
-        time_ns = to_unix_ns(ts)
-        for i, metric, attrs in tasks:  # percentages validated (0-100) by the reader
-            ratio = values[i] / 100.0
-            points.process_list(pid, metric).append(_new(Point, (ratio, time_ns, attrs, 0)))
-    if live_pids is None:
-        return
-    now = tick.now_ns
-    for pid in live_pids:
-        if pid in samples.sampled:
-            continue
-        for _, metric, attrs in tasks:  # running, no sample: idle in the whole window (F27)
-            points.process_list(pid, metric).append(_new(Point, (0.0, now, attrs, 0)))
+    pids: Sequence[int] = samples.pids
+    stamps: Sequence[int] = samples.stamps
+    percents = samples.percents
+    if live_pids is not None and pids and not all(map(live_pids.__contains__, pids)):
+        keep = list(map(live_pids.__contains__, pids))
+        pids = list(compress(pids, keep))
+        stamps = list(compress(stamps, keep))
+        percents = tuple(list(compress(col, keep)) for col in percents)
+    # typed columns from C-level iteration: the producer takes them as they are
+    pid_col = array("q", pids)
+    times = array("q", tick.ctx.timebase.to_unix_ns_all(stamps))
+    ratios = [array("d", map(_HUNDRED.__rtruediv__, percents[i])) for i, _, _ in tasks]
+    if live_pids is not None:  # running, no sample: idle in the whole window (F27)
+        idle = list(filterfalse(samples.sampled.__contains__, live_pids))
+        if idle:
+            pid_col.extend(idle)
+            times.extend(repeat(tick.now_ns, len(idle)))
+            for r in ratios:
+                r.extend(repeat(0.0, len(idle)))
+    for (_, metric, attrs), values in zip(tasks, ratios, strict=True):
+        tick.points.block(metric, attrs, pid_col, values, times)

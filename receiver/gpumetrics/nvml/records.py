@@ -50,7 +50,9 @@ import pynvml
 
 __all__ = [
     "Buffers",
+    "FIELD_VALUE",
     "PROCESS_V2",
+    "field_values",
     "layout",
     "process_utilization",
     "processes_utilization_info",
@@ -113,6 +115,14 @@ _SAMPLE_BY_TYPE: dict[int, struct.Struct] = {
 }
 """``nvmlSample_t`` per value type: the timestamp and the union member the type names."""
 _SAMPLE_TIME = struct.Struct("<Q8x")
+_VALUE_BY_TYPE: dict[int, struct.Struct] = {
+    t: struct.Struct("<" + layout.format[2:]) for t, layout in _SAMPLE_BY_TYPE.items()
+}
+"""``nvmlValue_t`` (8 bytes) per value type: the union member the type names."""
+
+FIELD_VALUE = struct.Struct("<IIqqII8s")
+"""``nvmlFieldValue_t`` (40 bytes): fieldId, scopeId, timestamp, latencyUsec, valueType,
+nvmlReturn, value (``c_nvmlFieldValue_t``'s layout; a test checks it against the binding)."""
 
 _INFO_VERSION = int(getattr(pynvml, "ProcessesUtilizationInfo_v1", 0x01000018))
 
@@ -131,12 +141,13 @@ class _UtilizationInfo(ctypes.Structure):
 class _Buffer:
     """A growing array of fixed-size records (raw bytes)."""
 
-    __slots__ = ("array", "capacity", "size")
+    __slots__ = ("array", "capacity", "size", "request")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.capacity = 0
         self.array: Any = None
+        self.request = b""  # field values: the request's ids, written into array per read
 
     def grow(self, records: int) -> None:
         if records > self.capacity:
@@ -297,3 +308,51 @@ def samples(
     if layout is None:
         return value_type.value, [(ts, None) for (ts,) in buf.unpack(_SAMPLE_TIME, count.value)]
     return value_type.value, buf.unpack(layout, count.value)  # type: ignore[return-value]
+
+
+def field_values(
+    handle: Any, fields: list[Any], buffers: Buffers
+) -> list[tuple[int, int | float | None]]:
+    """``nvmlDeviceGetFieldValues``: ``(nvmlReturn, value)`` per field, in request order.
+
+    One C call into the device's kept ``nvmlFieldValue_t`` array for this field list (the ids
+    are written once, copied in with one ``memmove`` per read); answers are unpacked with
+    ``struct`` instead of the binding's structure wrappers (a few microseconds per field).
+
+    Args:
+        handle: the device handle.
+        fields: ``NVML_FI_*`` ids, or ``(id, scopeId)`` pairs (as the binding takes them).
+        buffers: the device's buffers.
+
+    Returns:
+        For each field: its ``nvmlReturn`` and, on SUCCESS, the value read through the union
+        member its ``valueType`` names (None for a type ``nvml.h`` does not define, or a field
+        that did not answer SUCCESS).
+
+    Raises:
+        pynvml.NVMLError: the call itself failed (a field's own failure is its ``nvmlReturn``).
+
+    """
+    key = ("nvmlDeviceGetFieldValues", tuple(fields))
+    buf = buffers.get(key, FIELD_VALUE.size)
+    n = len(fields)
+    if buf.capacity < n:
+        buf.grow(n)
+        request = bytearray(FIELD_VALUE.size * n)
+        for i, f in enumerate(fields):
+            fid, scope = f if isinstance(f, tuple) else (f, 0)
+            FIELD_VALUE.pack_into(request, i * FIELD_VALUE.size, fid, scope, 0, 0, 0, 0, b"")
+        buf.request = bytes(request)
+    ctypes.memmove(buf.array, buf.request, len(buf.request))
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    ret = fn(handle, ctypes.c_int32(n), buf.array)
+    if ret != _SUCCESS:
+        raise pynvml.NVMLError(ret)
+    out: list[tuple[int, int | float | None]] = []
+    for _, _, _, _, value_type, code, raw in buf.unpack(FIELD_VALUE, n):
+        if code != _SUCCESS:
+            out.append((code, None))
+            continue
+        member = _VALUE_BY_TYPE.get(value_type)
+        out.append((code, None if member is None else member.unpack(raw)[0]))
+    return out

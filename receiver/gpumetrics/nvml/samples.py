@@ -23,7 +23,7 @@ stay in the driver's domain.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ from gpumetrics.nvml import records
 from gpumetrics.nvml.query import ErrorKind, QueryError
 from gpumetrics.nvml.records import Buffers
 
+_THOUSAND = 1000
 EPOCH_THRESHOLD_US = 1_000_000_000_000_000
 """Timestamps (µs) at or above this are Unix-epoch; below, µs since boot (≈31.7 years)."""
 
@@ -101,6 +102,12 @@ class TimeBase:
         if self._boot_ns is None:
             self._boot_ns = self._boot_time()
         return self._boot_ns + driver_us * 1000
+
+    def to_unix_ns_all(self, driver_us: Sequence[int]) -> list[int]:
+        """Convert many driver timestamps (µs) to Unix-epoch ns, as :meth:`to_unix_ns` does."""
+        if driver_us and min(driver_us) >= EPOCH_THRESHOLD_US:
+            return list(map(_THOUSAND.__mul__, driver_us))  # all epoch µs: no Python per value
+        return [self.to_unix_ns(t) for t in driver_us]
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,7 +107,7 @@ def _instance(inst: Device, tick: Tick) -> bool:
 
 
 def _read_anything(tick: Tick) -> bool:
-    return bool(tick.points.host or tick.points.processes)
+    return bool(tick.points)
 
 
 def run_tick(dev: Device, tick: Tick) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import gpumetrics
 from gpumetrics.config import ConfigError, SidecarConfig
@@ -45,7 +45,6 @@ from gpumetrics.identity import (
     new_process_resourcer,
     process_observer,
 )
-from gpumetrics.kubernetes import PodAttribution
 from gpumetrics.metrics import Producer
 from gpumetrics.nvml.context import DEFAULT_PID_MAX
 from gpumetrics.runtime.batcher import Batcher
@@ -60,7 +59,6 @@ from gpumetrics.selftelemetry import SelfTelemetry, Telemetry, WithAttributes
 from gpumetrics.service import ListenError, ServerSettings, SidecarHealth, SidecarServer
 from gpumetrics.service.declarers import Observation
 from gpumetrics.service.errors import SettingError
-from gpumetrics.service.push import LOGS, METRICS, PushExporter, Signal
 from gpumetrics.store import (
     BatchStore,
     SqliteJournal,
@@ -68,6 +66,10 @@ from gpumetrics.store import (
     StoreRefusedError,
     signals,
 )
+
+if TYPE_CHECKING:  # imported where they are configured: an idle subsystem costs no memory
+    from gpumetrics.kubernetes.attribution import PodAttribution
+    from gpumetrics.service.push import PushExporter
 
 __all__ = ["CollectorLike", "Sidecar", "SidecarParts", "default_collector_factory"]
 
@@ -269,6 +271,8 @@ class Sidecar:
         producer.set_process_resourcer(resourcer)
         attribution = None
         if config.kubernetes.enabled(in_k8s):
+            from gpumetrics.kubernetes.attribution import PodAttribution  # only in Kubernetes
+
             attribution = PodAttribution(config.kubernetes, telemetry, node_name=node)
             producer.set_device_attribution(attribution)
         cap = batch_cap(server_settings, config.push)
@@ -322,7 +326,7 @@ class Sidecar:
             push = _push_exporter(store, config, telemetry)
             if logs_store is not None:
                 push_logs = _push_exporter(
-                    logs_store, config, WithAttributes(telemetry, {"signal": "logs"}), LOGS
+                    logs_store, config, WithAttributes(telemetry, {"signal": "logs"}), "logs"
                 )
         return SidecarParts(
             telemetry,
@@ -558,7 +562,7 @@ def _relabel_rules(path: str | None, mode: IdentityMode) -> Any:
 
 
 def _push_exporter(
-    store: BatchStore, config: SidecarConfig, telemetry: SelfTelemetry, signal: Signal = METRICS
+    store: BatchStore, config: SidecarConfig, telemetry: SelfTelemetry, signal: str = "metrics"
 ) -> PushExporter:
     """Build a push exporter of ``signal``; a certificate file it cannot read names its setting.
 
@@ -566,8 +570,12 @@ def _push_exporter(
         ConfigError: naming ``push.ca_file``, ``push.cert_file`` or ``push.key_file``.
 
     """
+    from gpumetrics.service.push import LOGS, METRICS, PushExporter  # only when push is configured
+
     try:
-        return PushExporter(store, config.push, telemetry=telemetry, signal=signal)
+        return PushExporter(
+            store, config.push, telemetry=telemetry, signal=LOGS if signal == "logs" else METRICS
+        )
     except OSError as exc:
         files = ("ca_file", "cert_file", "key_file")
         setting = next((f for f in files if getattr(config.push, f) == exc.filename), None)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from grpc_health.v1 import health
-from grpc_reflection.v1alpha import reflection
 
 from gpumetrics.v1 import logs_pull_pb2, profiler_pb2, pull_pb2
 
@@ -21,8 +20,9 @@ PROFILER_SERVICE: str = profiler_pb2.DESCRIPTOR.services_by_name[
 HEALTH_SERVICE: str = health.SERVICE_NAME
 """``grpc.health.v1.Health``."""
 
-REFLECTION_SERVICE: str = reflection.SERVICE_NAME
-"""``grpc.reflection.v1alpha.ServerReflection`` (grpcio-reflection's servicer)."""
+REFLECTION_SERVICE = "grpc.reflection.v1alpha.ServerReflection"
+"""grpcio-reflection's ``reflection.SERVICE_NAME`` (a test checks they are equal), named here
+without importing grpcio-reflection, which only a server with reflection on loads."""
 
 REFLECTION_V1_SERVICE = "grpc.reflection.v1.ServerReflection"
 """``grpc.reflection.v1.ServerReflection`` (same servicer, :mod:`gpumetrics.service.reflection`)."""

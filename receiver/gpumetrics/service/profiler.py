@@ -271,7 +271,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
     def StreamDeclarations(  # noqa: N802
         self, request_iterator: Iterator[profiler_pb2.StreamDeclarationsRequest], context: Any
     ) -> Iterator[profiler_pb2.StreamDeclarationsResponse]:
-        """Answer every event with one response, in order.
+        """Answer every event with one response, in order (a ``DeclareBatch`` is one event).
 
         A resynchronisation belongs to the stream that began it: another stream of the same
         declarer (an agent that reconnected while its old stream is still open) neither ends nor
@@ -305,10 +305,15 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
                 stream.begin()
             elif kind == "resync_end":
                 return resp(accepted=True, released=stream.end())
+            elif kind == "declare_batch":
+                return self._declare_batch(event.declare_batch.processes, caller)
             else:
                 return resp(
                     rejection=self._rejection(
-                        0, 0, "", _Problem("event", "no event set (declare, exit, resync_*)")
+                        0,
+                        0,
+                        "",
+                        _Problem("event", "no event set (declare, declare_batch, exit, resync_*)"),
                     )
                 )
         except ValueError as exc:
@@ -320,6 +325,37 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerIntegrationServiceServicer):
     def _declare(self, d: profiler_pb2.ProcessDeclaration, declarer: str) -> None:
         pid, start, ctx, env, res, schema_url = _args(d)
         self._declared.declare(pid, start, ctx, env, res, declarer, schema_url)
+
+    def _declare_batch(
+        self, processes: Sequence[profiler_pb2.ProcessDeclaration], caller: Caller
+    ) -> profiler_pb2.StreamDeclarationsResponse:
+        """Apply one ``DeclareBatch``: each entry as a ``declare`` event; one answer for all.
+
+        Each entry is checked as a ``declare`` event is (the caller's
+        :class:`~gpumetrics.service.declarers.DeclarePolicy`, then the declared store) and
+        rejected on its own, naming ``declare_batch.processes[i]``. More than ``max_entries``
+        entries is refused whole (field ``declare_batch.processes``, nothing applied); the
+        stream goes on. (A batch of more repeated elements than ``server.max_request_elements``
+        never gets here: the server refuses it before parsing, ``gpumetrics.service.wirecount``.)
+        """
+        resp = profiler_pb2.StreamDeclarationsResponse
+        n = len(processes)
+        if n > self._max_entries:
+            problem = _Problem(
+                "declare_batch.processes",
+                f"{n} entries exceed the limit of {self._max_entries} per batch "
+                "(server.max_declarations_per_request); send smaller batches",
+            )
+            return resp(rejection=self._rejection(0, 0, "", problem))
+        rejections = []
+        check = self._policy.check_declare
+        for i, d in enumerate(processes):
+            try:
+                check(caller, d.pid, d.profiler_resource)
+                self._declare(d, caller.declarer)
+            except ValueError as exc:
+                rejections.append(self._rejection(i, d.pid, f"declare_batch.processes[{i}]", exc))
+        return resp(accepted=not rejections, declared=n - len(rejections), rejections=rejections)
 
     def _publish(self) -> None:
         self._telemetry.set("gpumetrics.declarations", len(self._declared))

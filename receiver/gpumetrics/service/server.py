@@ -66,7 +66,6 @@ from gpumetrics.service.names import (
 from gpumetrics.service.peercred import ConnectionLimit, PeerCredentials, PeerCredRelay
 from gpumetrics.service.profiler import DeclaredStoreAPI, ProfilerServicer
 from gpumetrics.service.pull import PullServicer, add_pull_servicer
-from gpumetrics.service.reflection import enable_reflection
 from gpumetrics.service.settings import (
     ListenAddress,
     ServerSettings,
@@ -453,7 +452,9 @@ class SidecarServer:
             self._bind(self._health_only, address, "health_listen")
         if not self._main.bound:
             raise RuntimeError("'listen': no listener configured for the pull service")
-        if s.reflection:
+        if s.reflection:  # grpcio-reflection is imported only when reflection is on
+            from gpumetrics.service.reflection import enable_reflection
+
             for g in (self._main, self._profiler):
                 if g is not None:
                     enable_reflection(g.server, g.services)

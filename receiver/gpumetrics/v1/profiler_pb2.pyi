@@ -90,24 +90,36 @@ class ResyncEnd(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class DeclareBatch(_message.Message):
+    __slots__ = ("processes",)
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessDeclaration]
+    def __init__(self, processes: _Optional[_Iterable[_Union[ProcessDeclaration, _Mapping]]] = ...) -> None: ...
+
 class StreamDeclarationsRequest(_message.Message):
-    __slots__ = ("declare", "exit", "resync_begin", "resync_end")
+    __slots__ = ("declare", "exit", "resync_begin", "resync_end", "declare_batch")
     DECLARE_FIELD_NUMBER: _ClassVar[int]
     EXIT_FIELD_NUMBER: _ClassVar[int]
     RESYNC_BEGIN_FIELD_NUMBER: _ClassVar[int]
     RESYNC_END_FIELD_NUMBER: _ClassVar[int]
+    DECLARE_BATCH_FIELD_NUMBER: _ClassVar[int]
     declare: ProcessDeclaration
     exit: ProcessExit
     resync_begin: ResyncBegin
     resync_end: ResyncEnd
-    def __init__(self, declare: _Optional[_Union[ProcessDeclaration, _Mapping]] = ..., exit: _Optional[_Union[ProcessExit, _Mapping]] = ..., resync_begin: _Optional[_Union[ResyncBegin, _Mapping]] = ..., resync_end: _Optional[_Union[ResyncEnd, _Mapping]] = ...) -> None: ...
+    declare_batch: DeclareBatch
+    def __init__(self, declare: _Optional[_Union[ProcessDeclaration, _Mapping]] = ..., exit: _Optional[_Union[ProcessExit, _Mapping]] = ..., resync_begin: _Optional[_Union[ResyncBegin, _Mapping]] = ..., resync_end: _Optional[_Union[ResyncEnd, _Mapping]] = ..., declare_batch: _Optional[_Union[DeclareBatch, _Mapping]] = ...) -> None: ...
 
 class StreamDeclarationsResponse(_message.Message):
-    __slots__ = ("accepted", "rejection", "released")
+    __slots__ = ("accepted", "rejection", "released", "declared", "rejections")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REJECTION_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_FIELD_NUMBER: _ClassVar[int]
+    REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     rejection: Rejection
     released: int
-    def __init__(self, accepted: _Optional[bool] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., released: _Optional[int] = ...) -> None: ...
+    declared: int
+    rejections: _containers.RepeatedCompositeFieldContainer[Rejection]
+    def __init__(self, accepted: _Optional[bool] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., released: _Optional[int] = ..., declared: _Optional[int] = ..., rejections: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ...) -> None: ...

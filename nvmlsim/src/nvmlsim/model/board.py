@@ -130,7 +130,13 @@ class NvLink(Strict):
     are the GPU's totals, spread evenly over the links (each link non-decreasing, the links
     summing exactly to the total). ``errors`` gives error counters per link number (others
     are 0); the ``…_TOTAL`` error field values are their sums.
-    ``NVML_FI_DEV_NVLINK_LINK_COUNT`` answers ``links``.
+    ``NVML_FI_DEV_NVLINK_LINK_COUNT`` answers ``links``. The per-link error-count fields
+    (``…_ERROR_COUNT_L<n>``, ``…_ERROR_DL_REPLAY`` / ``_DL_RECOVERY`` by scope) answer the same
+    counts unless ``error_fields`` is false (NOT_SUPPORTED: a driver whose field values lack
+    them; ``nvmlDeviceGetNvLinkErrorCounter`` still answers), and
+    ``NVML_FI_DEV_NVLINK_GET_STATE`` (scope: the link) answers each link's state (1 active,
+    0 down, as ``nvmlDeviceGetNvLinkState`` would at that moment) unless ``state_field`` is
+    false (NOT_SUPPORTED; ``nvmlDeviceGetNvLinkState`` still answers).
     """
 
     links: int = Field(ge=1, le=36)
@@ -139,6 +145,8 @@ class NvLink(Strict):
     data_rx_kib: Dyn = 0
     per_link: dict[int, LinkTraffic] = Field(default_factory=dict)
     errors: dict[int, NvLinkErrors] = Field(default_factory=dict)
+    error_fields: bool = True
+    state_field: bool = True
 
     @model_validator(mode="after")
     def _known_links(self) -> NvLink:

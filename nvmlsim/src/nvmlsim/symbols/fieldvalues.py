@@ -9,7 +9,12 @@ Fields derived from the device's models, unless ``field_values`` names them:
 KiB of the link named by the scope id, or of all links with scope id ``UINT_MAX``, as nvml.h's
 "NVLink throughput counters field values" says; a link the GPU does not have answers
 INVALID_ARGUMENT, an unverified choice), the error totals ``…_CRC_FLIT_ERROR_COUNT_TOTAL``
-(38), ``…_CRC_DATA_…`` (45), ``…_REPLAY_…`` (52), ``…_RECOVERY_…`` (59) from ``nvlink``;
+(38), ``…_CRC_DATA_…`` (45), ``…_REPLAY_…`` (52), ``…_RECOVERY_…`` (59), the per-link counts
+``…_<counter>_ERROR_COUNT_L0`` to ``_L11`` (32-59 and 96-119, as ``nvml.h`` numbers them) and
+``NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY`` / ``_DL_RECOVERY`` (161/162, the link as scope id) from
+``nvlink`` (the counts ``nvmlDeviceGetNvLinkErrorCounter`` gives; a link the GPU does not have
+answers NOT_SUPPORTED), ``NVML_FI_DEV_NVLINK_GET_STATE`` (165, the link as scope id:
+``NVML_NVLINK_STATE_ACTIVE`` 1, or ``_INACTIVE`` 0 while the link is ``down``);
 ``NVML_FI_DEV_RETIRED_SBE`` / ``_DBE`` / ``_PENDING`` (29/30/31) from ``retired_pages``.
 """
 
@@ -43,6 +48,29 @@ ALL_LINKS = 0xFFFFFFFF
 _ULL = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 _UINT = 1  # NVML_VALUE_TYPE_UNSIGNED_INT
 _NVLINK_ERROR_TOTALS = {38: "crc_flit", 45: "crc_data", 52: "replay", 59: "recovery"}
+_NVLINK_ERROR_PER_LINK: dict[int, tuple[str, int]] = {
+    (low + n if n < 6 else high + n - 6): (name, n)
+    for name, low, high in (
+        ("crc_flit", 32, 96),
+        ("crc_data", 39, 102),
+        ("replay", 46, 108),
+        ("recovery", 53, 114),
+    )
+    for n in range(12)
+}
+"""``NVML_FI_DEV_NVLINK_<counter>_ERROR_COUNT_L<n>`` (``nvml.h``: links 0-5 then 6-11) ->
+``(counter, link)``."""
+_NVLINK_GET_STATE = 165
+_NVLINK_ERROR_SCOPED = {161: "replay", 162: "recovery"}
+"""``NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY`` / ``_DL_RECOVERY``: one link's count (scope: the link)."""
+
+
+def _link_errors(nvlink: NvLink, counter: str, link: int, call: Call) -> FieldValue | None:
+    if not nvlink.error_fields or not 0 <= link < nvlink.links:
+        return None
+    errors = nvlink.errors.get(link)
+    value = round(evaluate(getattr(errors, counter), call.t, call.cycle)) if errors else 0
+    return FieldValue(value=value)
 
 
 def _link_kib(nvlink: NvLink, key: str, scope: int, call: Call) -> int | None:
@@ -67,6 +95,15 @@ def _derived(dev: DeviceState, field_id: int, scope: int, call: Call) -> FieldVa
     """
     nvlink, retired = dev.spec.nvlink, dev.spec.retired_pages
     if nvlink is not None:
+        if field_id in _NVLINK_ERROR_PER_LINK:
+            return _link_errors(nvlink, *_NVLINK_ERROR_PER_LINK[field_id], call)
+        if field_id in _NVLINK_ERROR_SCOPED:
+            return _link_errors(nvlink, _NVLINK_ERROR_SCOPED[field_id], scope, call)
+        if field_id == _NVLINK_GET_STATE:
+            if not nvlink.state_field or not 0 <= scope < nvlink.links:
+                return None
+            up = nvlink.is_up(scope, call.t, call.cycle)
+            return FieldValue(value=int(up), value_type=_UINT)
         if field_id == 91:
             return FieldValue(value=nvlink.links, value_type=_UINT)
         if field_id in (138, 139):
