@@ -136,6 +136,15 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     ),
     "nvidia.gpu.process.memory.usage": _PROCESS_LISTS,
     "nvidia.gpu.process.count": _PROCESS_LISTS,  # the same reads, counted
+    # one pid-list read per tick; a stats read only for a pid that is new, ended or reused
+    # (nothing per tick for a process that keeps running)
+    "nvidia.gpu.process.time": (Source("nvmlDeviceGetAccountingPids", 1, per_process=True),),
+    "nvidia.gpu.process.memory.max": (
+        Source("nvmlDeviceGetAccountingPids", 1, per_process=True),
+    ),
+    # the hw.energy read and the per-process utilisation read, shared
+    "nvidia.gpu.process.energy": (Source("nvmlDeviceGetTotalEnergyConsumption", 1),),
+    "nvidia.gpu.energy.unattributed": (Source("nvmlDeviceGetTotalEnergyConsumption", 1),),
 }
 """Metric → the sources one read of it needs. The three ``nvmlDeviceGetSamples`` rows are
 distinct sources (one per sampling type); :func:`minimum_calls` keys them by metric."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import pynvml
 
+from gpumetrics.nvml.accounting import collect_accounting
 from gpumetrics.nvml.board import collect_bar1, collect_encoder_stats, collect_pstate
 from gpumetrics.nvml.calls import DeviceLost
 from gpumetrics.nvml.clocks import collect_clocks, collect_event_reasons
@@ -85,8 +86,11 @@ def _processes(dev: Device, tick: Tick, utilization: bool) -> None:
     if entries is not None:
         collect_process_memory(dev, tick, entries)
         collect_process_counts(dev, tick, counts)
+    live = None if entries is None else entries.keys()
     if samples is not None:
-        collect_process_utilization(dev, tick, samples, None if entries is None else entries.keys())
+        collect_process_utilization(dev, tick, samples, live)
+    if utilization:  # a GPU without MIG: accounting is unsupported with MIG enabled
+        collect_accounting(dev, tick, live)
 
 
 def _instance(inst: Device, tick: Tick) -> bool:
