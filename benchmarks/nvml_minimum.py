@@ -192,6 +192,7 @@ _MODEL_METRICS: dict[str, tuple[str, ...]] = {
     ),
     "pstate": ("nvidia.gpu.performance_state",),
     "nvlink": ("nvidia.gpu.nvlink.io", "hw.network.up"),
+    "accounting": ("nvidia.gpu.process.time", "nvidia.gpu.process.memory.max"),
 }
 """Scenario device key (nvmlsim's format) → the metrics that answer NOT_SUPPORTED without it."""
 
@@ -199,6 +200,8 @@ _MODEL_METRICS: dict[str, tuple[str, ...]] = {
 def device_facts(device: Mapping[str, Any]) -> Facts:
     """:class:`Facts` of one device of an nvmlsim scenario (its ``devices[]`` entry, as data)."""
     unsupported = {m for key, ms in _MODEL_METRICS.items() if device.get(key) is None for m in ms}
+    if (device.get("accounting") or {}).get("mode", "enabled") != "enabled":
+        unsupported |= set(_MODEL_METRICS["accounting"])  # off: the mode is read once a minute
     nvlink = device.get("nvlink") or {}
     links = int(nvlink.get("links", 0))
     always_down = {d for d in nvlink.get("down", ()) if isinstance(d, int)}  # not the windows

@@ -33,6 +33,7 @@ from gpumetrics.nvml.clocks import collect_clocks, collect_event_reasons
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.device import Device, check_index, enumerate_mig, read_physical
 from gpumetrics.nvml.ecc import collect_ecc
+from gpumetrics.nvml.energy import attribute_energy
 from gpumetrics.nvml.fans import collect_fans
 from gpumetrics.nvml.gpm import collect_gpm, free_gpm
 from gpumetrics.nvml.memory import collect_memory
@@ -57,11 +58,12 @@ from gpumetrics.nvml.utilization import collect_codec, collect_utilization
 from gpumetrics.nvml.violations import collect_violations
 
 
-def _board(dev: Device, tick: Tick) -> None:
+def _board(dev: Device, tick: Tick) -> int | None:
+    """Read the board values; return the energy reading (mJ) for the energy split."""
     collect_power(dev, tick)
     collect_power_limit(dev, tick)
     collect_power_constraints(dev, tick)
-    collect_energy(dev, tick)
+    energy_mj = collect_energy(dev, tick)
     collect_temperature(dev, tick)
     collect_clocks(dev, tick)
     collect_event_reasons(dev, tick)
@@ -75,10 +77,16 @@ def _board(dev: Device, tick: Tick) -> None:
     collect_nvlink_links(dev, tick)
     collect_violations(dev, tick)
     collect_memory_health(dev, tick)
+    return energy_mj
 
 
-def _processes(dev: Device, tick: Tick, utilization: bool) -> None:
+def _processes(
+    dev: Device, tick: Tick, utilization: bool, energy_mj: int | None = None
+) -> None:
+    """Process utilisation, lists, accounting and (on a GPU without MIG) the energy split."""
     if not tick.ctx.settings.process_metrics:
+        if utilization:
+            attribute_energy(dev, tick, energy_mj, None, None)
         return
     samples = read_process_utilization(dev, tick) if utilization else None
     counts: dict[str, int] = {}
@@ -90,6 +98,7 @@ def _processes(dev: Device, tick: Tick, utilization: bool) -> None:
     if samples is not None:
         collect_process_utilization(dev, tick, samples, live)
     if utilization:  # a GPU without MIG: accounting is unsupported with MIG enabled
+        attribute_energy(dev, tick, energy_mj, samples, live)
         collect_accounting(dev, tick, live)
 
 
@@ -135,7 +144,8 @@ def _read_device(dev: Device, tick: Tick) -> None:
     if tick.check_index:
         check_index(tick.ctx, dev)
     if dev.mig_enabled:
-        _board(dev, tick)
+        # no per-process utilisation under MIG: the parent's energy is all unattributed
+        attribute_energy(dev, tick, _board(dev, tick), None, None)
         last = dev.state.get("mig_enumerated_ns")
         due = last is None or tick.mono_ns - last >= round(tick.ctx.settings.mig_interval_s * 1e9)
         if due or dev.state.pop("mig_stale", False):
@@ -149,8 +159,8 @@ def _read_device(dev: Device, tick: Tick) -> None:
         collect_utilization(dev, tick)
         collect_codec(dev, tick)
         collect_memory(dev, tick)
-        _board(dev, tick)
-        _processes(dev, tick, utilization=True)
+        energy_mj = _board(dev, tick)
+        _processes(dev, tick, utilization=True, energy_mj=energy_mj)
     dev.health.tick_done(dev.calls.degraded, ",".join(dev.calls.reasons))
     dev.calls.end_tick(_read_anything(tick))
 

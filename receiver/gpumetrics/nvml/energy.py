@@ -1,0 +1,220 @@
+"""Per-process energy: each interval's board energy split by SM utilisation share.
+
+``nvidia.gpu.process.energy`` (J, a cumulative Sum on each process's resource) and
+``nvidia.gpu.energy.unattributed`` (J, a cumulative Sum on the device) come from the two reads
+the tick already makes: ``nvmlDeviceGetTotalEnergyConsumption`` (mJ, the ``hw.energy`` read)
+and the per-process utilisation samples (``smUtil``, the ``nvidia.gpu.process.utilization``
+read). No NVML call of their own.
+
+**Method.** Per GPU and interval (two consecutive energy readings), the delta ``E`` in integer
+millijoules (NVML's unit) is split across the processes of this tick's share table: every
+validated sample's pid that is in the running-process lists, plus running processes without a
+sample (idle: share 0, as NVML returns samples only for processes "that had some non-zero
+utilization during the last sample period"). Process ``i`` with SM utilisation ``s_i`` (%)
+gets ``E * s_i / D`` with ``D = max(100, Σ s)``: a GPU busy 30 % of the interval for one process
+attributes 30 % of the energy to it, and the rest is unattributed (idle power, and time no
+process had a kernel on the SMs); when the samples sum above 100 % (time-sliced or MPS processes
+overlapping) the shares are normalised to the whole delta. The split is exact in integers: the
+attributed total is ``floor(E * Σ s / D)``, each process gets ``floor(E * s_i / D)`` and the
+millijoules left over go one each to the processes with the largest remainders (ties to the
+lower pid), the Hamilton / largest-remainder method; the unattributed part is ``E`` minus the
+attributed total. So per GPU and interval, attributed + unattributed == the board's delta,
+exactly, in mJ (the emitted values are those integers ÷ 1000).
+
+**Intervals without a split.** All of the delta is unattributed when no per-process
+utilisation was read in the tick (the call failed, is unsupported, answered NOT_FOUND: no
+process had a sample; process metrics are off) and on MIG-enabled GPUs, where NVML's
+per-process utilisation is unsupported (NVML API reference, ``nvmlDeviceGetProcessUtilization``;
+its samples are per physical GPU, never per GPU instance), so MIG energy is attributed at the
+parent: the parent's delta, all of it unattributed. A reading that failed leaves its interval
+to the next reading (the delta then spans both).
+
+**Counter resets.** A reading below the previous one is a reset (driver reload, GPU reset;
+field case F23): the interval's delta is the new reading itself, the energy counted since the
+reset (what ``hw.energy``'s new series reports from an implicit zero), and all of it is
+unattributed, since the processes and sample cursor of before the reset say nothing about it.
+No delta is ever negative. These are the sidecar's own cumulative counters, so they do not
+restart with ``hw.energy``: they count from the device's first interval.
+
+**Series.** A process's series starts at the start of the first interval it has a share in
+and is emitted every tick it is in the share table; a pid that leaves the table (it ended, or
+no sample was read for it with the lists unreadable) ends its series, so a reused pid starts a
+new one. The state (per pid: millijoules and start) is bounded by the processes of one tick.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from gpumetrics.metrics import names
+from gpumetrics.nvml.context import Tick
+from gpumetrics.nvml.device import Device
+from gpumetrics.nvml.procutil import ProcessSamples
+
+_MJ_PER_J = 1000.0
+
+
+def split_mj(delta_mj: int, sm_percent: Sequence[int], pids: Sequence[int]) -> tuple[list[int], int]:
+    """Split ``delta_mj`` by SM utilisation share, exactly, in integer millijoules.
+
+    Args:
+        delta_mj: the interval's board energy (mJ, >= 0).
+        sm_percent: each process's SM utilisation (%, 0-100), in the order of ``pids``.
+        pids: the processes (distinct), for tie-breaking.
+
+    Returns:
+        ``(shares, unattributed)``: each process's mJ and the rest, ``sum(shares) +
+        unattributed == delta_mj``, every part >= 0.
+
+    Raises:
+        ValueError: a negative delta or percentage.
+
+    """
+    if delta_mj < 0 or (sm_percent and min(sm_percent) < 0):
+        raise ValueError("delta_mj and sm_percent must be >= 0")
+    total = sum(sm_percent)
+    if not delta_mj or not total:
+        return [0] * len(sm_percent), delta_mj
+    denominator = max(100, total)
+    attributed = delta_mj * total // denominator
+    scaled = [delta_mj * s for s in sm_percent]
+    shares = [x // denominator for x in scaled]
+    left = attributed - sum(shares)
+    if left:
+        remainders = [x % denominator for x in scaled]
+        ranked = sorted(range(len(shares)), key=lambda i: (-remainders[i], pids[i]))
+        for i in ranked[:left]:
+            shares[i] += 1
+    return shares, delta_mj - attributed
+
+
+@dataclass
+class EnergySplit:
+    """One GPU's attribution state (``Device.state["energy_split"]``).
+
+    Attributes:
+        last_mj: the previous energy reading (mJ), None before the first.
+        last_ns: its time (Unix ns): the start of the next interval.
+        unattributed_mj: the unattributed total since ``unattributed_start_ns``.
+        unattributed_start_ns: the unattributed series' start (Unix ns).
+        process_mj: pid → attributed total (mJ) of the process's current series.
+        process_start_ns: pid → its series start (Unix ns).
+
+    """
+
+    last_mj: int | None = None
+    last_ns: int = 0
+    unattributed_mj: int = 0
+    unattributed_start_ns: int = 0
+    process_mj: dict[int, int] = field(default_factory=dict)
+    process_start_ns: dict[int, int] = field(default_factory=dict)
+
+
+def _share_table(
+    samples: ProcessSamples, live: Collection[int] | None
+) -> tuple[list[int], list[int]]:
+    """``(pids, sm %)``: sampled pids (mean per pid) in ``live`` and idle ``live`` pids (0)."""
+    pids: list[int] = list(samples.pids)
+    sm: list[int] = list(samples.percents[0])
+    if len(set(pids)) != len(pids):  # several samples of one pid: their mean, rounded down
+        sums: dict[int, list[int]] = {}
+        for pid, s in zip(pids, sm, strict=True):
+            entry = sums.setdefault(pid, [0, 0])
+            entry[0] += s
+            entry[1] += 1
+        pids = list(sums)
+        sm = [total // count for total, count in sums.values()]
+    if live is not None:
+        keep = [pid in live for pid in pids]
+        pids = [p for p, k in zip(pids, keep, strict=True) if k]
+        sm = [s for s, k in zip(sm, keep, strict=True) if k]
+        sampled = set(samples.sampled)
+        idle = sorted(p for p in live if p not in sampled)
+        pids.extend(idle)
+        sm.extend([0] * len(idle))
+    return pids, sm
+
+
+def attribute_energy(
+    dev: Device,
+    tick: Tick,
+    energy_mj: int | None,
+    samples: ProcessSamples | None,
+    live: Collection[int] | None,
+) -> None:
+    """Split this interval's energy delta; add the process and unattributed points.
+
+    Args:
+        dev: a physical GPU (MIG-enabled ones pass ``samples`` None).
+        tick: the current tick.
+        energy_mj: this tick's ``nvmlDeviceGetTotalEnergyConsumption`` reading (mJ), or None
+            when it was not read (nothing happens: the interval joins the next one).
+        samples: this tick's per-process utilisation answer, or None when none was read.
+        live: pids of this tick's running-process lists, or None when unreadable.
+
+    """
+    if energy_mj is None or not tick.wants(
+        names.MetricProcessEnergy, names.MetricGPUEnergyUnattributed
+    ):
+        return
+    st: EnergySplit | None = dev.state.get("energy_split")
+    if st is None:
+        st = dev.state["energy_split"] = EnergySplit()
+    now = tick.now_ns
+    if st.last_mj is None or now <= st.last_ns:
+        st.last_mj, st.last_ns = energy_mj, now  # the first reading: no interval yet
+        return
+    interval_start = st.last_ns
+    reset = energy_mj < st.last_mj
+    delta = energy_mj if reset else energy_mj - st.last_mj
+    st.last_mj, st.last_ns = energy_mj, now
+    if not st.unattributed_start_ns:
+        st.unattributed_start_ns = interval_start
+    if samples is None:
+        st.unattributed_mj += delta
+    else:
+        pids, sm = _share_table(samples, live)
+        # a reset's interval: the processes keep their totals, the delta is unattributed
+        shares, rest = ([0] * len(pids), delta) if reset else split_mj(delta, sm, pids)
+        st.unattributed_mj += rest
+        _add_processes(dev, tick, st, pids, shares, interval_start)
+    if tick.wants(names.MetricGPUEnergyUnattributed):
+        tick.points.add(
+            names.MetricGPUEnergyUnattributed,
+            st.unattributed_mj / _MJ_PER_J,
+            now,
+            dev.attrs,
+            st.unattributed_start_ns,
+        )
+
+
+def _add_processes(
+    dev: Device,
+    tick: Tick,
+    st: EnergySplit,
+    pids: list[int],
+    shares: list[int],
+    interval_start: int,
+) -> None:
+    totals, starts = st.process_mj, st.process_start_ns
+    for gone in totals.keys() - set(pids):  # ended (or unseen): its series ends
+        del totals[gone]
+        del starts[gone]
+    for pid, share in zip(pids, shares, strict=True):
+        if pid in totals:
+            totals[pid] += share
+        else:
+            totals[pid] = share
+            starts[pid] = interval_start
+    if not pids or not tick.wants(names.MetricProcessEnergy):
+        return
+    tick.points.block(
+        names.MetricProcessEnergy,
+        dev.id_attrs,
+        array("q", pids),
+        array("d", [totals[p] / _MJ_PER_J for p in pids]),
+        tick.now_ns,
+        array("q", [starts[p] for p in pids]),
+    )
