@@ -8,8 +8,10 @@ needs it):
   snapshot fallback), power limits, energy, temperature, clocks, clock-event reasons, P-state,
   fans, BAR1, encoder sessions, NVLink data counters, PCIe (when due), ECC, NVLink links,
   violation counters and memory repair (when ``errors_interval_s`` is due); then process
-  utilisation and the process lists (which filter the utilisation samples).
-- MIG-enabled GPU: board-level values once on the parent (the board list above);
+  utilisation and the process lists (which filter the utilisation samples), the energy split
+  (the energy and utilisation reads again, no call of its own) and the accounting records.
+- MIG-enabled GPU: board-level values once on the parent (the board list above; its energy
+  delta is all unattributed: no per-process utilisation under MIG);
   utilisation and process utilisation are skipped (documented unsupported under MIG); GPM on
   the parent (the whole GPU) and per GPU instance, after the instances are known; then, per MIG
   instance, memory and process lists on the instance handle. Instances are re-enumerated every
