@@ -152,8 +152,7 @@ def test_shares_follow_sm_utilisation_and_idle_processes_get_zero(nvml_run):
     sm=st.lists(st.integers(min_value=0, max_value=100), max_size=64),
 )
 def test_split_is_exact_and_proportional(delta, sm):
-    pids = list(range(1, len(sm) + 1))
-    shares, rest = split_mj(delta, sm, pids)
+    shares, rest = split_mj(delta, sm)
     assert sum(shares) + rest == delta
     assert rest >= 0 and all(s >= 0 for s in shares)
     denominator = max(100, sum(sm))
@@ -166,4 +165,12 @@ def test_split_is_exact_and_proportional(delta, sm):
 
 def test_split_refuses_negative_input():
     with pytest.raises(ValueError, match="delta_mj"):
-        split_mj(-1, [10], [1])
+        split_mj(-1, [10])
+
+
+def test_the_left_over_millijoules_go_to_the_largest_remainders():
+    # 7 mJ at 30/45/25 %: 2.1, 3.15, 1.75 -> floors 2, 3, 1; the one left goes to 1.75
+    assert split_mj(7, [30, 45, 25]) == ([2, 3, 2], 0)
+    # equal remainders: the process listed first; an idle GPU share stays unattributed
+    assert split_mj(10, [50, 25, 25]) == ([5, 3, 2], 0)
+    assert split_mj(10, [20, 10]) == ([2, 1], 7)

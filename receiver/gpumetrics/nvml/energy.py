@@ -17,7 +17,8 @@ process had a kernel on the SMs); when the samples sum above 100 % (time-sliced 
 overlapping) the shares are normalised to the whole delta. The split is exact in integers: the
 attributed total is ``floor(E * Σ s / D)``, each process gets ``floor(E * s_i / D)`` and the
 millijoules left over go one each to the processes with the largest remainders (ties to the
-lower pid), the Hamilton / largest-remainder method; the unattributed part is ``E`` minus the
+process listed first: sampled pids in the driver's order, then idle ones by pid), the Hamilton
+/ largest-remainder method; the unattributed part is ``E`` minus the
 attributed total. So per GPU and interval, attributed + unattributed == the board's delta,
 exactly, in mJ (the emitted values are those integers ÷ 1000).
 
@@ -47,6 +48,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, filterfalse, repeat
+from operator import add
 
 from gpumetrics.metrics import names
 from gpumetrics.nvml.context import Tick
@@ -56,13 +59,13 @@ from gpumetrics.nvml.procutil import ProcessSamples
 _MJ_PER_J = 1000.0
 
 
-def split_mj(delta_mj: int, sm_percent: Sequence[int], pids: Sequence[int]) -> tuple[list[int], int]:
+def split_mj(delta_mj: int, sm_percent: Sequence[int]) -> tuple[list[int], int]:
     """Split ``delta_mj`` by SM utilisation share, exactly, in integer millijoules.
 
     Args:
         delta_mj: the interval's board energy (mJ, >= 0).
-        sm_percent: each process's SM utilisation (%, 0-100), in the order of ``pids``.
-        pids: the processes (distinct), for tie-breaking.
+        sm_percent: each process's SM utilisation (%, 0-100); on equal remainders the process
+            listed first gets the extra millijoule.
 
     Returns:
         ``(shares, unattributed)``: each process's mJ and the rest, ``sum(shares) +
@@ -79,13 +82,12 @@ def split_mj(delta_mj: int, sm_percent: Sequence[int], pids: Sequence[int]) -> t
         return [0] * len(sm_percent), delta_mj
     denominator = max(100, total)
     attributed = delta_mj * total // denominator
-    scaled = [delta_mj * s for s in sm_percent]
-    shares = [x // denominator for x in scaled]
+    scaled = list(map(delta_mj.__mul__, sm_percent))
+    shares = list(map(denominator.__rfloordiv__, scaled))
     left = attributed - sum(shares)
-    if left:
-        remainders = [x % denominator for x in scaled]
-        ranked = sorted(range(len(shares)), key=lambda i: (-remainders[i], pids[i]))
-        for i in ranked[:left]:
+    if left:  # largest remainders first (a stable sort: ties to the process listed first)
+        remainders = list(map(denominator.__rmod__, scaled))
+        for i in sorted(range(len(shares)), key=remainders.__getitem__, reverse=True)[:left]:
             shares[i] += 1
     return shares, delta_mj - attributed
 
@@ -126,14 +128,16 @@ def _share_table(
             entry[1] += 1
         pids = list(sums)
         sm = [total // count for total, count in sums.values()]
-    if live is not None:
-        keep = [pid in live for pid in pids]
-        pids = [p for p, k in zip(pids, keep, strict=True) if k]
-        sm = [s for s, k in zip(sm, keep, strict=True) if k]
-        sampled = set(samples.sampled)
-        idle = sorted(p for p in live if p not in sampled)
-        pids.extend(idle)
-        sm.extend([0] * len(idle))
+    if live is None:
+        return pids, sm
+    live_set = live if isinstance(live, frozenset | set) else frozenset(live)
+    if not live_set.issuperset(pids):  # samples of processes that are gone: not theirs
+        keep = list(map(live_set.__contains__, pids))
+        pids = list(compress(pids, keep))
+        sm = list(compress(sm, keep))
+    idle = sorted(live_set.difference(samples.sampled))
+    pids.extend(idle)
+    sm.extend(repeat(0, len(idle)))
     return pids, sm
 
 
@@ -177,9 +181,9 @@ def attribute_energy(
     else:
         pids, sm = _share_table(samples, live)
         # a reset's interval: the processes keep their totals, the delta is unattributed
-        shares, rest = ([0] * len(pids), delta) if reset else split_mj(delta, sm, pids)
+        shares, rest = ([0] * len(pids), delta) if reset else split_mj(delta, sm)
         st.unattributed_mj += rest
-        _add_processes(dev, tick, st, pids, shares, interval_start)
+        _add_processes(dev, tick, st, pids, shares, interval_start, live)
     if tick.wants(names.MetricGPUEnergyUnattributed):
         tick.points.add(
             names.MetricGPUEnergyUnattributed,
@@ -197,24 +201,23 @@ def _add_processes(
     pids: list[int],
     shares: list[int],
     interval_start: int,
+    live: Collection[int] | None,
 ) -> None:
     totals, starts = st.process_mj, st.process_start_ns
-    for gone in totals.keys() - set(pids):  # ended (or unseen): its series ends
+    # a pid no longer running (or, without lists, not in the table) ends its series; a
+    # running one whose sample was dropped as garbage keeps its series
+    for gone in totals.keys() - (set(pids) if live is None else set(live)):
         del totals[gone]
         del starts[gone]
-    for pid, share in zip(pids, shares, strict=True):
-        if pid in totals:
-            totals[pid] += share
-        else:
-            totals[pid] = share
-            starts[pid] = interval_start
+    starts.update(zip(filterfalse(starts.__contains__, pids), repeat(interval_start)))
+    totals.update(zip(pids, map(add, map(totals.get, pids, repeat(0)), shares)))
     if not pids or not tick.wants(names.MetricProcessEnergy):
         return
     tick.points.block(
         names.MetricProcessEnergy,
         dev.id_attrs,
         array("q", pids),
-        array("d", [totals[p] / _MJ_PER_J for p in pids]),
+        array("d", map(_MJ_PER_J.__rtruediv__, map(totals.__getitem__, pids))),
         tick.now_ns,
-        array("q", [starts[p] for p in pids]),
+        array("q", map(starts.__getitem__, pids)),
     )

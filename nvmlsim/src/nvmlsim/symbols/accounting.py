@@ -57,16 +57,20 @@ def _mode(dev: DeviceState) -> str:
     return spec.mode
 
 
-def _buffer(dev: DeviceState, now_us: int) -> list[ProcState]:
+def _buffer(drv: SimDriver, dev: DeviceState, now_us: int) -> dict[int, ProcState]:
     """The newest process of each pid among the newest ``buffer_size`` started by ``now_us``."""
+    version = drv.world.version
+    hit = dev.accounting_cache  # one build per device, instant and world version
+    if hit is not None and hit[0] == version and hit[1] == now_us:
+        return hit[2]
     spec = dev.spec.accounting
     assert spec is not None
     started = sorted((p for p in dev.processes if p.start_us <= now_us), key=_started_us)
-    kept = started[-spec.buffer_size :]
     newest: dict[int, ProcState] = {}
-    for p in kept:
+    for p in started[-spec.buffer_size :]:
         newest[p.pid] = p  # later starts replace earlier ones: pid collision
-    return list(newest.values())
+    dev.accounting_cache = (version, now_us, newest)
+    return newest
 
 
 def _started_us(p: ProcState) -> int:
@@ -99,7 +103,7 @@ def _pids(drv: SimDriver, call: Call, target: DeviceState, h: int, p_count: int,
         return codes.INVALID_ARGUMENT
     if _mode(target) != "enabled":
         return codes.NOT_SUPPORTED
-    procs = _buffer(target, call.now_us)
+    procs = list(_buffer(drv, target, call.now_us).values())
     n = len(procs)
     if n > get_u32(p_count) or (n and not buf):
         put_u32(p_count, n)
@@ -116,10 +120,9 @@ def _stats(drv: SimDriver, call: Call, target: DeviceState, h: int, pid: int, ou
         return codes.INVALID_ARGUMENT
     if _mode(target) != "enabled":
         return codes.NOT_SUPPORTED
-    found = [p for p in _buffer(target, call.now_us) if p.pid == pid]
-    if not found:
+    p = _buffer(drv, target, call.now_us).get(pid)
+    if p is None:
         return codes.NOT_FOUND
-    p = found[0]
     running = p.alive(call.now_us)
     at_us = call.now_us if running else p.end_us
     t, cycle = drv.world.timeline.seconds(at_us), drv.world.timeline.cycle(at_us)
