@@ -136,7 +136,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--processes", type=int, default=64)
-    parser.add_argument("--churn", type=int, default=4, help="short-lived processes per GPU per cycle")
+    parser.add_argument(
+        "--churn", type=int, default=4, help="short-lived processes per GPU per cycle"
+    )
     parser.add_argument("--cycles", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--callgrind", action="store_true", help="count instructions (docstring)")

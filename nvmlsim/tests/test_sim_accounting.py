@@ -63,9 +63,7 @@ def test_enabled_mode_buffer_size_and_a_running_process(simulate):
     drv = simulate(
         _scenario(
             buffer_size=16,
-            processes=[
-                {"pid": 10, "used_memory_bytes": 5000, "utilization": {"sm": 40, "mem": 7}}
-            ],
+            processes=[{"pid": 10, "used_memory_bytes": 5000, "utilization": {"sm": 40, "mem": 7}}],
         )
     )
     assert pynvml.nvmlDeviceGetAccountingMode(h0()) == pynvml.NVML_FEATURE_ENABLED

@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-import nvmlsim as sim
 import pytest
 from gpumetrics.metrics import names
 from gpumetrics.nvml.energy import split_mj
 from hypothesis import given
 from hypothesis import strategies as st
+
+import nvmlsim as sim
 
 ENERGY = names.MetricEnergy
 PROCESS = names.MetricProcessEnergy

@@ -124,7 +124,7 @@ def _enabled(dev: Device, tick: Tick, st: AccountingState) -> bool:
 
 
 def _candidates(st: AccountingState, listed: set[int], live: Collection[int] | None) -> list[int]:
-    """The listed pids whose record must be read this tick (set operations, no loop)."""
+    """Return the listed pids whose record must be read this tick (set operations, no loop)."""
     if live is None:
         return sorted(listed.difference(st.done))
     live_set = live if isinstance(live, set | frozenset) else set(live)

@@ -210,7 +210,7 @@ def _add_processes(
         del totals[gone]
         del starts[gone]
     starts.update(zip(filterfalse(starts.__contains__, pids), repeat(interval_start)))
-    totals.update(zip(pids, map(add, map(totals.get, pids, repeat(0)), shares)))
+    totals.update(zip(pids, map(add, map(totals.get, pids, repeat(0)), shares), strict=True))
     if not pids or not tick.wants(names.MetricProcessEnergy):
         return
     tick.points.block(

@@ -82,9 +82,7 @@ def _board(dev: Device, tick: Tick) -> int | None:
     return energy_mj
 
 
-def _processes(
-    dev: Device, tick: Tick, utilization: bool, energy_mj: int | None = None
-) -> None:
+def _processes(dev: Device, tick: Tick, utilization: bool, energy_mj: int | None = None) -> None:
     """Process utilisation, lists, accounting and (on a GPU without MIG) the energy split."""
     if not tick.ctx.settings.process_metrics:
         if utilization:

@@ -218,9 +218,9 @@ class ProcessUtilization(Strict):
 
 
 class Accounting(Strict):
-    """Per-process accounting (NVML "Accounting Statistics": ``nvmlDeviceGetAccountingMode``,
-    ``…BufferSize``, ``…Pids``, ``…Stats``).
+    """Per-process accounting, as NVML's "Accounting Statistics" calls answer it.
 
+    The calls: ``nvmlDeviceGetAccountingMode``, ``…BufferSize``, ``…Pids``, ``…Stats``.
     ``mode: enabled`` keeps a record of every process that ran on the GPU (its window), in a
     circular buffer of ``buffer_size`` processes: the newest ``buffer_size`` by start time,
     newly created processes overwriting the oldest, exited ones included. ``disabled``:

@@ -58,7 +58,7 @@ def _mode(dev: DeviceState) -> str:
 
 
 def _buffer(drv: SimDriver, dev: DeviceState, now_us: int) -> dict[int, ProcState]:
-    """The newest process of each pid among the newest ``buffer_size`` started by ``now_us``."""
+    """Return the newest process of each pid among the newest ``buffer_size`` started by now."""
     version = drv.world.version
     hit = dev.accounting_cache  # one build per device, instant and world version
     if hit is not None and hit[0] == version and hit[1] == now_us:
