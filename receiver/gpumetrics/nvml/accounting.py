@@ -12,7 +12,8 @@ calls ``nvmlDeviceSetAccountingMode`` (it needs root and changes the node: ``nvi
 is the administrator's decision). NOT_SUPPORTED (the device has no accounting, MIG is enabled)
 disables the source with the gate's one INFO line; DISABLED gives one INFO line and the mode is
 read again every :data:`RECHECK_S` seconds (one call), so turning accounting on takes effect
-without a restart. Nothing is emitted while it is off.
+without a restart. Nothing is emitted while it is off. Turned off while the sidecar reads it,
+the pid call's NOT_SUPPORTED stops the source (the gate's INFO line) until a restart.
 
 **What is reported.** The driver reports ``time`` (ms the compute context was active) as 0
 until the process ends, so a running process has no run time to report: each process gets one
@@ -99,7 +100,7 @@ def _enabled(dev: Device, tick: Tick, st: AccountingState) -> bool:
     if st.capacity:
         return True
     c = dev.calls
-    if not c.enabled(MODE):
+    if not (c.enabled(MODE) and c.enabled(PIDS)):
         return False
     if st.checked_ns is not None and tick.mono_ns - st.checked_ns < round(RECHECK_S * 1e9):
         return False
