@@ -145,8 +145,8 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:  # the workload under valgrind
-        with_new, cycles = args.child.split(",")
-        scn = scenario(args.gpus, args.processes, args.churn, int(cycles))
+        with_new, cycles, scenario_cycles = args.child.split(",")
+        scn = scenario(args.gpus, args.processes, args.churn, int(scenario_cycles))
         measure(scn, int(cycles), with_new=with_new == "with")
         return
     if args.callgrind:
@@ -196,7 +196,9 @@ def main() -> None:
     )
 
 
-def _instructions(args: argparse.Namespace, with_new: bool, cycles: int, driver: bool) -> int:
+def _instructions(
+    args: argparse.Namespace, with_new: bool, cycles: int, driver: bool, scenario_cycles: int
+) -> int:
     """Instructions callgrind counts for one run: ours (``driver`` False) or the driver's."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -206,7 +208,8 @@ def _instructions(args: argparse.Namespace, with_new: bool, cycles: int, driver:
             f"--collect-atstart={'no' if driver else 'yes'}",
             sys.executable, "-m", "benchmarks.energy_bench",
             "--gpus", str(args.gpus), "--processes", str(args.processes),
-            "--churn", str(args.churn), "--child", f"{'with' if with_new else 'without'},{cycles}",
+            "--churn", str(args.churn),
+            "--child", f"{'with' if with_new else 'without'},{cycles},{scenario_cycles}",
         ]  # fmt: skip
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=3600)
         text = out.read_text()
@@ -223,7 +226,8 @@ def callgrind(args: argparse.Namespace) -> None:
     for label, with_new in (("without", False), ("with", True)):
         row = {}
         for part, driver in (("ours", False), ("driver", True)):
-            a, b = (_instructions(args, with_new, n, driver) for n in (low, high))
+            # one scenario for both lengths (its size would count otherwise)
+            a, b = (_instructions(args, with_new, n, driver, high) for n in (low, high))
             row[part] = (b - a) / (high - low)
         result[label] = row
         print(
