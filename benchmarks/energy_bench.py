@@ -88,7 +88,12 @@ def scenario(gpus: int, processes: int, churn: int, cycles: int) -> sim.Scenario
 def measure(scn: sim.Scenario, cycles: int, with_new: bool) -> dict[str, float]:
     """Per-cycle CPU (collect + batch), simulator CPU and calls, over ``cycles`` cycles."""
     settings = CollectionSettings(
-        pid_max=4_194_304, disabled_metrics=frozenset() if with_new else NEW_METRICS
+        pid_max=4_194_304,
+        disabled_metrics=frozenset() if with_new else NEW_METRICS,
+        # real-time deadlines that neither a loaded machine nor valgrind reaches: a tick that
+        # ran out of time would drop its readings and change what is measured
+        call_timeout_s=600.0,
+        cycle_timeout_s=600.0,
     )
     drv = sim.install(scn, latency="off")
     try:
