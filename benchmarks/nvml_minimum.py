@@ -38,7 +38,7 @@ class Source:
     """One NVML read: ``call`` (the name used in the catalogue), C calls per read, cadence.
 
     ``calls_empty`` is the cost when the answer is empty (a list or sample call whose sizing
-    call already says "none"); ``cadence`` is ``tick``, ``pcie`` or ``errors``.
+    call already says "none"); ``cadence`` is ``tick``, ``pcie``, ``errors`` or ``accounting``.
     """
 
     call: str
@@ -136,11 +136,13 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     ),
     "nvidia.gpu.process.memory.usage": _PROCESS_LISTS,
     "nvidia.gpu.process.count": _PROCESS_LISTS,  # the same reads, counted
-    # one pid-list read per tick; a stats read only for a pid that is new, ended or reused
-    # (nothing per tick for a process that keeps running)
-    "nvidia.gpu.process.time": (Source("nvmlDeviceGetAccountingPids", 1, per_process=True),),
+    # one pid-list read per accounting_interval_s; a stats read only for a pid that is new,
+    # ended or reused (nothing for a process that keeps running)
+    "nvidia.gpu.process.time": (
+        Source("nvmlDeviceGetAccountingPids", 1, cadence="accounting", per_process=True),
+    ),
     "nvidia.gpu.process.memory.max": (
-        Source("nvmlDeviceGetAccountingPids", 1, per_process=True),
+        Source("nvmlDeviceGetAccountingPids", 1, cadence="accounting", per_process=True),
     ),
     # the hw.energy read and the per-process utilisation read, shared
     "nvidia.gpu.process.energy": (Source("nvmlDeviceGetTotalEnergyConsumption", 1),),
@@ -264,6 +266,11 @@ def minimum_calls(
         "pcie": settings.interval_s / settings.pcie_interval_s if settings.pcie_interval_s else 0,
         "errors": (
             settings.interval_s / settings.errors_interval_s if settings.errors_interval_s else 0
+        ),
+        "accounting": (
+            settings.interval_s / settings.accounting_interval_s
+            if settings.accounting_interval_s
+            else 0
         ),
     }
     facts = facts or Facts()

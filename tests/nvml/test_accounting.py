@@ -5,11 +5,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import pytest
 from gpumetrics.metrics import names
 
 TIME = names.MetricProcessTime
 MAX = names.MetricProcessMemoryMax
 UUID = "GPU-00000000-0000-4000-8000-00000000000a"
+EVERY_TICK = {"accounting_interval_s": 1.0}
+
+
+@pytest.fixture
+def acct_run(nvml_run, helpers):
+    """``nvml_run`` with the accounting records read every tick (not every 10 s)."""
+    return lambda scn, **settings: nvml_run(scn, helpers.settings(**(EVERY_TICK | settings)))
 
 
 def _scenario(processes: list[dict[str, Any]], mode: str = "enabled", **device: Any) -> dict:
@@ -26,9 +34,9 @@ def _scenario(processes: list[dict[str, Any]], mode: str = "enabled", **device: 
     }
 
 
-def test_a_short_lived_process_shows_up_with_its_gpu_time(nvml_run):
+def test_a_short_lived_process_shows_up_with_its_gpu_time(acct_run):
     # starts and ends between the collections at 1 s and 2 s: no process list ever shows it
-    run = nvml_run(
+    run = acct_run(
         _scenario([{"pid": 700, "from_s": 1.25, "until_s": 1.75, "used_memory_bytes": 4096}])
     )
     run.cycle(4)
@@ -42,8 +50,8 @@ def test_a_short_lived_process_shows_up_with_its_gpu_time(nvml_run):
     assert point.attrs["hw.id"] == UUID
 
 
-def test_a_running_process_is_reported_once_when_it_ends(nvml_run):
-    run = nvml_run(_scenario([{"pid": 701, "until_s": 2.5, "used_memory_bytes": 10}]))
+def test_a_running_process_is_reported_once_when_it_ends(acct_run):
+    run = acct_run(_scenario([{"pid": 701, "until_s": 2.5, "used_memory_bytes": 10}]))
     run.cycle(2)
     assert run.output().find(TIME) == []  # the driver reports time 0 until it ends
     before = run.calls("nvmlDeviceGetAccountingStats")
@@ -55,8 +63,8 @@ def test_a_running_process_is_reported_once_when_it_ends(nvml_run):
     assert out.values(MAX, pid=701) == [10]
 
 
-def test_pid_reuse_reports_each_process_once(nvml_run):
-    run = nvml_run(
+def test_pid_reuse_reports_each_process_once(acct_run):
+    run = acct_run(
         _scenario(
             [
                 {"pid": 702, "from_s": 0.2, "until_s": 0.6, "used_memory_bytes": 1},
@@ -70,8 +78,8 @@ def test_pid_reuse_reports_each_process_once(nvml_run):
     assert len(out.find(TIME, pid=702)) == 2
 
 
-def test_pid_reuse_run_times_and_starts(nvml_run):
-    run = nvml_run(
+def test_pid_reuse_run_times_and_starts(acct_run):
+    run = acct_run(
         _scenario(
             [
                 {"pid": 703, "from_s": 0.2, "until_s": 0.6},
@@ -85,9 +93,9 @@ def test_pid_reuse_run_times_and_starts(nvml_run):
     assert pts[0].start != pts[1].start
 
 
-def test_records_that_ended_before_the_first_read_are_not_reported(nvml_run):
+def test_records_that_ended_before_the_first_read_are_not_reported(acct_run):
     # ended before install (a previous sidecar, or nobody, watched it); the other ends later
-    run = nvml_run(
+    run = acct_run(
         _scenario(
             [
                 {"pid": 704, "start_time_unix": 1767225000, "until_cycle": 1},
@@ -102,8 +110,8 @@ def test_records_that_ended_before_the_first_read_are_not_reported(nvml_run):
     assert len(out.find(TIME, pid=705)) == 1
 
 
-def test_disabled_accounting_logs_once_and_emits_nothing(nvml_run, caplog):
-    run = nvml_run(_scenario([{"pid": 706, "until_s": 1.5}], mode="disabled"))
+def test_disabled_accounting_logs_once_and_emits_nothing(acct_run, caplog):
+    run = acct_run(_scenario([{"pid": 706, "until_s": 1.5}], mode="disabled"))
     with caplog.at_level(logging.INFO, logger="gpumetrics.nvml"):
         run.cycle(5)
     out = run.output()
@@ -115,8 +123,8 @@ def test_disabled_accounting_logs_once_and_emits_nothing(nvml_run, caplog):
     assert run.calls("nvmlDeviceSetAccountingMode") == 0
 
 
-def test_unsupported_accounting_logs_once_and_emits_nothing(nvml_run, caplog):
-    run = nvml_run(_scenario([{"pid": 707, "until_s": 1.5}], mode="unsupported"))
+def test_unsupported_accounting_logs_once_and_emits_nothing(acct_run, caplog):
+    run = acct_run(_scenario([{"pid": 707, "until_s": 1.5}], mode="unsupported"))
     with caplog.at_level(logging.INFO, logger="gpumetrics.nvml"):
         run.cycle(4)
     assert run.output().find(TIME) == []
@@ -126,9 +134,9 @@ def test_unsupported_accounting_logs_once_and_emits_nothing(nvml_run, caplog):
     assert run.failures() == 0
 
 
-def test_a_process_that_keeps_running_costs_one_pid_read_per_tick(nvml_run):
+def test_a_process_that_keeps_running_costs_one_pid_read_per_tick(acct_run):
     procs = [{"pid": 800 + k} for k in range(16)]
-    run = nvml_run(_scenario(procs))
+    run = acct_run(_scenario(procs))
     run.cycle(2)
     stats = run.calls("nvmlDeviceGetAccountingStats")
     assert stats == 16  # each asked once, when new
@@ -136,3 +144,26 @@ def test_a_process_that_keeps_running_costs_one_pid_read_per_tick(nvml_run):
     assert run.calls("nvmlDeviceGetAccountingStats") == stats
     assert run.calls("nvmlDeviceGetAccountingPids") == 7
     assert run.calls("nvmlDeviceGetAccountingBufferSize") == 1
+
+
+def test_records_are_read_every_accounting_interval(nvml_run):
+    # the default 10 s cadence: a process that ended at 1.5 s is reported at the 10 s read
+    run = nvml_run(_scenario([{"pid": 708, "until_s": 1.5, "used_memory_bytes": 3}]))
+    run.cycle(10)
+    assert run.output().find(TIME) == []
+    assert run.calls("nvmlDeviceGetAccountingPids") == 1
+    run.cycle(1)
+    assert run.calls("nvmlDeviceGetAccountingPids") == 2
+    assert run.output().values(MAX, pid=708) == [3]
+
+
+def test_an_accounting_interval_of_zero_turns_the_source_off(acct_run):
+    run = acct_run(_scenario([{"pid": 709, "until_s": 1.5}]), accounting_interval_s=0)
+    run.cycle(3)
+    assert run.output().find(TIME) == []
+    assert run.calls("nvmlDeviceGetAccountingMode") == 0
+
+
+def test_a_shorter_accounting_interval_than_the_tick_is_refused(helpers):
+    with pytest.raises(ValueError, match="accounting_interval_s"):
+        helpers.settings(interval_s=2.0, accounting_interval_s=1.0)

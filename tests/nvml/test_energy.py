@@ -43,14 +43,19 @@ class Ledger:
         return value - prev[1]
 
 
-def check_identity(run: Any, cycles: int) -> int:
-    """Collect ``cycles`` times; assert the identity per GPU and interval; return intervals."""
+def check_identity(run: Any, cycles: int, outputs: list[Any] | None = None) -> int:
+    """Collect ``cycles`` times; assert the identity per GPU and interval; return intervals.
+
+    Each cycle's output is appended to ``outputs`` when given.
+    """
     ledger = Ledger()
     checked = 0
     seen_board: set[str] = set()
     for _ in range(cycles):
         run.cycle()
         out = run.output()
+        if outputs is not None:
+            outputs.append(out)
         board: dict[str, int] = {}
         split: dict[str, int] = defaultdict(int)
         for p in out.find(ENERGY):
@@ -175,3 +180,21 @@ def test_the_left_over_millijoules_go_to_the_largest_remainders():
     # equal remainders: the process listed first; an idle GPU share stays unattributed
     assert split_mj(10, [50, 25, 25]) == ([5, 3, 2], 0)
     assert split_mj(10, [20, 10]) == ([2, 1], 7)
+
+
+def test_a_pid_that_leaves_ends_its_series_and_a_reused_pid_starts_anew(nvml_run):
+    energy = {"pattern": "ramp", "start": 0, "per_s": 100000}
+    procs = [
+        {"pid": 50, "until_s": 2.5, "utilization": {"sm": 50}},
+        {"pid": 50, "from_s": 3.5, "utilization": {"sm": 50}},
+        {"pid": 51, "utilization": {"sm": 10}},
+    ]
+    run = nvml_run(_one_gpu(procs, energy))
+    outputs: list[Any] = []
+    assert check_identity(run, 6, outputs) == 5
+    series: dict[int, list[int]] = {}
+    for p in (p for out in outputs for p in out.find(PROCESS, pid=50)):
+        series.setdefault(p.start, []).append(_mj(p.value))
+    first, second = sorted(series)
+    assert series[first] == [50000, 100000]  # intervals (0,1], (1,2]; gone at 3 s
+    assert series[second][0] == 50000 and second > first  # back at 4 s: a new series

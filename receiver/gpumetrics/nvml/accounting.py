@@ -29,14 +29,16 @@ collision stats of only the latest process will be reported"), so a reused pid s
 ``startTime``. Per device the reader keeps ``running`` (pid → startTime of records last read
 as running) and ``done`` (pid → startTime of final records already reported), both pruned to
 the pids the buffer still lists (a record overwritten in the circular buffer never comes back),
-so they hold at most ``buffer size`` pids each. Each tick reads the pid list (one C call into a
-kept buffer) and asks ``nvmlDeviceGetAccountingStats`` only for pids that are
+so they hold at most ``buffer size`` pids each. Every ``accounting_interval_s`` (10 s; the
+records stay in the driver's buffer after the processes end, so a slow cadence loses nothing
+unless more processes than it holds start in one interval) the reader reads the pid list (one
+C call into a kept buffer) and asks ``nvmlDeviceGetAccountingStats`` only for pids that are
 
-- new to the reader (a process that started since the last tick, short-lived ones included);
+- new to the reader (a process that started since the last read, short-lived ones included);
 - ``running`` but no longer in this tick's running-process lists (it ended: its final record);
 - ``done`` but back in the running-process lists (the pid was reused by a running process);
 
-so a process that keeps running costs nothing per tick. Without readable process lists every
+so a process that keeps running costs nothing. Without readable process lists every
 pid not ``done`` is asked. A final record is emitted only when its key differs from ``done``'s.
 
 **Limits (documented in docs/energy.md).** A pid reused by a process that also started and
@@ -149,6 +151,8 @@ def collect_accounting(dev: Device, tick: Tick, live_pids: Collection[int] | Non
     st: AccountingState | None = dev.state.get("accounting")
     if st is None:
         st = dev.state["accounting"] = AccountingState()
+    if not tick.due(dev.state, "accounting_ns", tick.ctx.settings.accounting_interval_s):
+        return  # every accounting_interval_s (0: off)
     if not _enabled(dev, tick, st):
         return
     c = dev.calls

@@ -48,7 +48,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, filterfalse, repeat
+from itertools import compress, repeat
 from operator import add
 
 from gpumetrics.metrics import names
@@ -101,8 +101,11 @@ class EnergySplit:
         last_ns: its time (Unix ns): the start of the next interval.
         unattributed_mj: the unattributed total since ``unattributed_start_ns``.
         unattributed_start_ns: the unattributed series' start (Unix ns).
-        process_mj: pid → attributed total (mJ) of the process's current series.
-        process_start_ns: pid → its series start (Unix ns).
+        pids: the share table's pids of the last interval, in its order.
+        totals: per pid of ``pids``, its attributed total (mJ) of its current series.
+        starts: per pid of ``pids``, its series start (Unix ns).
+        held: pid → (total, start) of running processes that were not in the last table
+            (their sample was dropped as garbage): their series go on when they come back.
 
     """
 
@@ -110,8 +113,10 @@ class EnergySplit:
     last_ns: int = 0
     unattributed_mj: int = 0
     unattributed_start_ns: int = 0
-    process_mj: dict[int, int] = field(default_factory=dict)
-    process_start_ns: dict[int, int] = field(default_factory=dict)
+    pids: list[int] = field(default_factory=list)
+    totals: list[int] = field(default_factory=list)
+    starts: array[int] = field(default_factory=lambda: array("q"))
+    held: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 def _share_table(
@@ -203,21 +208,36 @@ def _add_processes(
     interval_start: int,
     live: Collection[int] | None,
 ) -> None:
-    totals, starts = st.process_mj, st.process_start_ns
-    # a pid no longer running (or, without lists, not in the table) ends its series; a
-    # running one whose sample was dropped as garbage keeps its series
-    for gone in totals.keys() - (set(pids) if live is None else set(live)):
-        del totals[gone]
-        del starts[gone]
-    starts.update(zip(filterfalse(starts.__contains__, pids), repeat(interval_start)))
-    totals.update(zip(pids, map(add, map(totals.get, pids, repeat(0)), shares), strict=True))
+    if pids != st.pids:  # the processes changed (a C-level compare; the same ones: no lookups)
+        _realign(st, pids, interval_start, live)
+    st.totals = list(map(add, st.totals, shares))
     if not pids or not tick.wants(names.MetricProcessEnergy):
         return
     tick.points.block(
         names.MetricProcessEnergy,
         dev.id_attrs,
         array("q", pids),
-        array("d", map(_MJ_PER_J.__rtruediv__, map(totals.__getitem__, pids))),
+        array("d", map(_MJ_PER_J.__rtruediv__, st.totals)),
         tick.now_ns,
-        array("q", map(starts.__getitem__, pids)),
+        array("q", st.starts),
     )
+
+
+def _realign(
+    st: EnergySplit, pids: list[int], interval_start: int, live: Collection[int] | None
+) -> None:
+    """Line the totals and starts up with a new share table.
+
+    A pid no longer running (or, without process lists, not in the table) ends its series; a
+    running one missing from the table keeps its series in ``held``; a new pid starts one at
+    ``interval_start``.
+    """
+    old = dict(zip(st.pids, zip(st.totals, st.starts, strict=True), strict=True))
+    old.update(st.held)
+    new = (0, interval_start)
+    rows = [old.pop(pid, new) for pid in pids]
+    keep = frozenset(live) if live is not None else frozenset()
+    st.held = {pid: row for pid, row in old.items() if pid in keep}
+    st.pids = list(pids)
+    st.totals = [total for total, _ in rows]
+    st.starts = array("q", [start for _, start in rows])
