@@ -38,7 +38,7 @@ class Source:
     """One NVML read: ``call`` (the name used in the catalogue), C calls per read, cadence.
 
     ``calls_empty`` is the cost when the answer is empty (a list or sample call whose sizing
-    call already says "none"); ``cadence`` is ``tick``, ``pcie`` or ``errors``.
+    call already says "none"); ``cadence`` is ``tick``, ``pcie``, ``errors`` or ``accounting``.
     """
 
     call: str
@@ -136,6 +136,17 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     ),
     "nvidia.gpu.process.memory.usage": _PROCESS_LISTS,
     "nvidia.gpu.process.count": _PROCESS_LISTS,  # the same reads, counted
+    # one pid-list read per accounting_interval_s; a stats read only for a pid that is new,
+    # ended or reused (nothing for a process that keeps running)
+    "nvidia.gpu.process.time": (
+        Source("nvmlDeviceGetAccountingPids", 1, cadence="accounting", per_process=True),
+    ),
+    "nvidia.gpu.process.memory.max": (
+        Source("nvmlDeviceGetAccountingPids", 1, cadence="accounting", per_process=True),
+    ),
+    # the hw.energy read and the per-process utilisation read, shared
+    "nvidia.gpu.process.energy": (Source("nvmlDeviceGetTotalEnergyConsumption", 1),),
+    "nvidia.gpu.energy.unattributed": (Source("nvmlDeviceGetTotalEnergyConsumption", 1),),
 }
 """Metric → the sources one read of it needs. The three ``nvmlDeviceGetSamples`` rows are
 distinct sources (one per sampling type); :func:`minimum_calls` keys them by metric."""
@@ -183,6 +194,7 @@ _MODEL_METRICS: dict[str, tuple[str, ...]] = {
     ),
     "pstate": ("nvidia.gpu.performance_state",),
     "nvlink": ("nvidia.gpu.nvlink.io", "hw.network.up"),
+    "accounting": ("nvidia.gpu.process.time", "nvidia.gpu.process.memory.max"),
 }
 """Scenario device key (nvmlsim's format) → the metrics that answer NOT_SUPPORTED without it."""
 
@@ -190,6 +202,8 @@ _MODEL_METRICS: dict[str, tuple[str, ...]] = {
 def device_facts(device: Mapping[str, Any]) -> Facts:
     """:class:`Facts` of one device of an nvmlsim scenario (its ``devices[]`` entry, as data)."""
     unsupported = {m for key, ms in _MODEL_METRICS.items() if device.get(key) is None for m in ms}
+    if (device.get("accounting") or {}).get("mode", "enabled") != "enabled":
+        unsupported |= set(_MODEL_METRICS["accounting"])  # off: the mode is read once a minute
     nvlink = device.get("nvlink") or {}
     links = int(nvlink.get("links", 0))
     always_down = {d for d in nvlink.get("down", ()) if isinstance(d, int)}  # not the windows
@@ -252,6 +266,11 @@ def minimum_calls(
         "pcie": settings.interval_s / settings.pcie_interval_s if settings.pcie_interval_s else 0,
         "errors": (
             settings.interval_s / settings.errors_interval_s if settings.errors_interval_s else 0
+        ),
+        "accounting": (
+            settings.interval_s / settings.accounting_interval_s
+            if settings.accounting_interval_s
+            else 0
         ),
     }
     facts = facts or Facts()

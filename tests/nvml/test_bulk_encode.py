@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 
 import nvmlsim as sim
 
-STEADY = {"pcie_interval_s": 1.0, "errors_interval_s": 1.0}
+STEADY = {"pcie_interval_s": 1.0, "errors_interval_s": 1.0, "accounting_interval_s": 1.0}
 SCENARIOS = sorted(sim.list_profiles()) + sorted(sim.list_field_cases())
 SKIP = {"F12_driver_upgraded", "F21_slow_and_hung_calls", "F21_slow_init", "F22_shutdown_race"}
 """Scenarios whose collector waits on real time (hung calls, exit after N): covered elsewhere."""

@@ -6,7 +6,7 @@ from gpumetrics.metrics.spec import Instrument, ValueType, catalogue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 CUMULATIVE = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
-STEADY = {"cycle_timeout_s": 60.0, "call_timeout_s": 60.0}
+STEADY = {"cycle_timeout_s": 60.0, "call_timeout_s": 60.0, "accounting_interval_s": 1.0}
 """Deadlines no loaded machine reaches: these outputs must not depend on wall time (a simulated
 call past the default 2 s per-call deadline on a busy machine put a timeout in the output)."""
 PROFILES = ["h100-sxm", "h100-8x-training", "a100-mig", "h100-mig", "gb10"]

@@ -235,3 +235,15 @@ def process_services(request: metrics_service_pb2.ExportMetricsServiceRequest) -
             assert pid not in out, f"two resources for pid {pid}"
             out[pid] = attrs["service.name"].string_value if "service.name" in attrs else ""
     return out
+
+
+def process_metrics(
+    request: metrics_service_pb2.ExportMetricsServiceRequest,
+) -> dict[int, set[str]]:
+    """pid -> the metric names of its per-process resource in a request."""
+    out: dict[int, set[str]] = {}
+    for rm in request.resource_metrics:
+        pids = [kv.value.int_value for kv in rm.resource.attributes if kv.key == "process.pid"]
+        if pids:
+            out[pids[0]] = {m.name for sm in rm.scope_metrics for m in sm.metrics}
+    return out

@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 import tracemalloc
 
+from gpumetrics.metrics import names
 from grpc_health.v1 import health_pb2
 
 from .soak_clients import HAS_READ_AFTER, BackgroundConsumer, BackgroundStreamer, Consumer, Profiler
@@ -33,6 +34,7 @@ from .soak_node import (
     SoakNode,
     hw_status,
     node_uuids,
+    process_metrics,
     process_services,
     soak_node,
 )
@@ -152,18 +154,30 @@ def _check_status(node: SoakNode, cycle: int, report, request, lost: set[str]) -
     return seen
 
 
+ACCOUNTING_RECORD = {names.MetricProcessTime, names.MetricProcessMemoryMax}
+"""What an ended process's resource may carry: its final NVML accounting record (issue 26)."""
+
+
 def _check_identity(cycle: int, request, live: dict[int, tuple[int, str]]) -> dict[int, str]:
     """No per-process resource carries the identity of another process with the same pid."""
     services = process_services(request)
+    metrics = process_metrics(request)
     for pid, service in services.items():
-        assert pid in live, f"cycle {cycle}: points for pid {pid}, which is not running"
+        if pid not in live:
+            # an ended process's final accounting record (issue 26), and nothing else; its
+            # resource is its own declaration or none, never another process's
+            assert metrics[pid] <= ACCOUNTING_RECORD, (
+                f"cycle {cycle}: points for pid {pid}, which is not running: {metrics[pid]}"
+            )
+            assert service == "" or service.startswith(f"svc-{pid}-"), (cycle, pid, service)
+            continue  # not counted as a running process's resource below
         ticks, _ = live[pid]
         # declared: the profiler's service.name; not declared (yet): none (profiler mode)
         assert service in (f"svc-{pid}-{ticks}", ""), (
             f"cycle {cycle}: pid {pid} (start {ticks}) reported as {service!r}: another "
             "process's identity"
         )
-    return services
+    return {pid: s for pid, s in services.items() if pid in live}
 
 
 def test_soak(form, figures, timed) -> None:

@@ -280,6 +280,8 @@ class SimDriver:
                 ids = (owner.spec.gpu_instance_id, owner.spec.compute_instance_id)
             proc = self.world.make_process(spec, ids)
             proc.start_us = max(proc.start_us, self.clock.now_us())
+            if spec.start_time_unix is None:
+                proc.start_time_unix = proc.start_us / 1e6  # started now, not before install
             self.world.add_process(owner, owner.processes, proc)
 
     def remove_process(self, device: int | str, pid: int, *, mig_slot: int | None = None) -> int:

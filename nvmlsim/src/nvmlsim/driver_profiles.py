@@ -106,6 +106,13 @@ _MIG = {
     "nvmlDeviceGetComputeInstanceId",
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
 }
+# Accounting statistics (NVML 5.319, every branch simulated here).
+_ACCOUNTING = {
+    "nvmlDeviceGetAccountingMode",
+    "nvmlDeviceGetAccountingBufferSize",
+    "nvmlDeviceGetAccountingPids",
+    "nvmlDeviceGetAccountingStats",
+}
 _MEM_V2 = {"nvmlDeviceGetMemoryInfo_v2"}
 _CONF_COMPUTE = {"nvmlDeviceGetConfComputeMemSizeInfo"}
 _DETAIL_LIST = {"nvmlDeviceGetRunningProcessDetailList"}
@@ -142,6 +149,7 @@ ALL_SYMBOLS: frozenset[str] = frozenset(
     | _PROC_V2
     | _PROC_V3
     | _MIG
+    | _ACCOUNTING
     | _MEM_V2
     | _CONF_COMPUTE
     | _DETAIL_LIST

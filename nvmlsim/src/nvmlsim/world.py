@@ -118,6 +118,8 @@ class DeviceState:
     energy_offset_mj: float = 0.0
     processes: list[ProcState] = field(default_factory=list)
     mig: dict[int, MigState] = field(default_factory=dict)
+    accounting_cache: tuple[int, int, dict[int, ProcState]] | None = None
+    """The accounting buffer as last built: (world version, µs, pid → newest process)."""
 
     @property
     def uuid(self) -> str:

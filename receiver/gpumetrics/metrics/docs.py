@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from gpumetrics.metrics.spec import Catalogue, MetricSpec, catalogue
 
-_CADENCE = {"errors": " Read every `errors_interval_s`."}
+_CADENCE = {
+    "errors": " Read every `errors_interval_s`.",
+    "accounting": " Read every `accounting_interval_s`.",
+}
 
 _SHAPE = {
     "gauge": "Gauge",

@@ -59,6 +59,10 @@ MetricProcessUtilization = "nvidia.gpu.process.utilization"
 MetricProcessMemoryCopyUtilization = "nvidia.gpu.process.memory_copy.utilization"
 MetricProcessMemoryUsage = "nvidia.gpu.process.memory.usage"
 MetricGPUProcessCount = "nvidia.gpu.process.count"
+MetricProcessTime = "nvidia.gpu.process.time"
+MetricProcessMemoryMax = "nvidia.gpu.process.memory.max"
+MetricProcessEnergy = "nvidia.gpu.process.energy"
+MetricGPUEnergyUnattributed = "nvidia.gpu.energy.unattributed"
 MetricGPUEvents = "nvidia.gpu.events"
 
 # --- attribute keys ---

@@ -97,7 +97,8 @@ class MetricSpec:
         constant: the seed's Python constant name, or ``""``.
         component: ``gpu``, or the component of a GPU a point's ``hw.id`` names (``fan``,
             ``nvlink``; ``hw.parent`` is the GPU's UUID).
-        cadence: ``tick`` (every ``interval_s``) or ``errors`` (every ``errors_interval_s``).
+        cadence: ``tick`` (every ``interval_s``), ``errors`` (every ``errors_interval_s``) or
+            ``accounting`` (every ``accounting_interval_s``).
         gpm: the GPM metrics behind the value (empty for other sources).
 
     """
@@ -150,7 +151,7 @@ def _gpm(raw: Any) -> tuple[GpmSource, ...]:
 
 
 _COMPONENTS = ("gpu", "fan", "nvlink")
-_CADENCES = ("tick", "errors")
+_CADENCES = ("tick", "errors", "accounting")
 
 
 def _spec(raw: Mapping[str, Any], where: str, default_resource: str) -> MetricSpec:

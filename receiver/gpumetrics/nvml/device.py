@@ -448,5 +448,5 @@ def discover(ctx: Context, system: DeviceCalls, known: dict[str, Device]) -> lis
     return out
 
 
-_CARRIED_STATE = frozenset({"energy", "ecc", "counters"})
+_CARRIED_STATE = frozenset({"energy", "ecc", "counters", "accounting", "energy_split"})
 """Reader state that survives a re-init (counter trackers keep detecting resets)."""

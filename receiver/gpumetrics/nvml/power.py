@@ -121,10 +121,18 @@ def collect_power_constraints(dev: Device, tick: Tick) -> None:
         _add_w(dev, tick, function, names.MetricGPUPowerLimitConstraint, mw, tick.now_ns, attrs)
 
 
-def collect_energy(dev: Device, tick: Tick) -> None:
-    """Add the ``hw.energy`` point with its series start time (reset → new start, F23)."""
-    if not tick.wants(names.MetricEnergy):
-        return
+def collect_energy(dev: Device, tick: Tick) -> int | None:
+    """Add the ``hw.energy`` point with its series start time (reset → new start, F23).
+
+    Returns:
+        The reading (mJ since the driver was loaded), for the per-process energy split
+        (:mod:`gpumetrics.nvml.energy`); None when it was not read or was the sentinel.
+
+    """
+    if not tick.wants(
+        names.MetricEnergy, names.MetricProcessEnergy, names.MetricGPUEnergyUnattributed
+    ):
+        return None
     mj = dev.calls.get(
         "nvmlDeviceGetTotalEnergyConsumption",
         "nvmlDeviceGetTotalEnergyConsumption",
@@ -132,16 +140,18 @@ def collect_energy(dev: Device, tick: Tick) -> None:
         dev.handle,
     )
     if mj is None:
-        return
+        return None
     joules, reason = convert.mj_to_j(int(mj))
     if joules is None:
         dev.calls.drop("nvmlDeviceGetTotalEnergyConsumption", reason or convert.SENTINEL)
-        return
+        return None
     tracker = dev.state.get("energy")
     if tracker is None:
         tracker = dev.state["energy"] = CounterTracker(f"GPU {dev.uuid} energy", tick.ctx.log)
     start = tracker.observe(int(mj), tick.now_ns)
-    tick.points.add(names.MetricEnergy, joules, tick.now_ns, dev.attrs + _GPU, start)
+    if tick.wants(names.MetricEnergy):
+        tick.points.add(names.MetricEnergy, joules, tick.now_ns, dev.attrs + _GPU, start)
+    return int(mj)
 
 
 def _add_w(

@@ -139,7 +139,11 @@ def read_process_utilization(dev: Device, tick: Tick) -> ProcessSamples | None:
     cursor moves to the newest timestamp returned. None when nothing was read: the call is
     unavailable or failed, or answered NOT_FOUND (no sample newer than the cursor).
     """
-    if not tick.wants(names.MetricProcessUtilization, names.MetricProcessMemoryCopyUtilization):
+    if not tick.wants(
+        names.MetricProcessUtilization,
+        names.MetricProcessMemoryCopyUtilization,
+        names.MetricProcessEnergy,
+    ):
         return None
     got = _read(dev, tick)
     if got is None:

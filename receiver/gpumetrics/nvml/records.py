@@ -44,12 +44,14 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from array import array
 from typing import Any
 
 import pynvml
 
 __all__ = [
     "Buffers",
+    "accounting_pids",
     "FIELD_VALUE",
     "PROCESS_V2",
     "field_values",
@@ -356,3 +358,28 @@ def field_values(
         member = _VALUE_BY_TYPE.get(value_type)
         out.append((code, None if member is None else member.unpack(raw)[0]))
     return out
+
+
+_PID = struct.Struct("<I")
+
+
+def accounting_pids(handle: Any, buffers: Buffers, capacity: int) -> list[int]:
+    """Read ``nvmlDeviceGetAccountingPids`` in one C call: the pids of the accounting buffer.
+
+    nvidia-ml-py's wrapper asks ``nvmlDeviceGetAccountingBufferSize`` before every read; the
+    buffer size is a property of the device, so the caller reads it once and passes it as
+    ``capacity`` (the most pids the call can return, NVML API reference).
+
+    Raises:
+        pynvml.NVMLError: any answer other than SUCCESS.
+
+    """
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetAccountingPids")
+    buf = buffers.get("nvmlDeviceGetAccountingPids", _PID.size)
+    buf.grow(max(capacity, 1))
+    count = ctypes.c_uint(buf.capacity)
+    ret = fn(handle, ctypes.byref(count), buf.array)
+    if ret != _SUCCESS:
+        raise pynvml.NVMLError(ret)
+    n = min(count.value, buf.capacity)
+    return list(array("I", ctypes.string_at(buf.array, n * _PID.size))) if n else []

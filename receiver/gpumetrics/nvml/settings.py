@@ -30,6 +30,11 @@ class CollectionSettings(SettingsModel):
       link errors (``hw.errors``), NVLink link state (``hw.network.up``), violation time,
       remapped rows and retired pages; 0 disables them. All are cumulative (or slow to change),
       so the slow cadence loses nothing.
+    - ``accounting_interval_s`` (10.0): NVML accounting records (``nvidia.gpu.process.time``,
+      ``nvidia.gpu.process.memory.max``, where accounting mode is on): the driver keeps them
+      in its circular buffer (``nvmlDeviceGetAccountingBufferSize`` processes) after the
+      processes end, so the slow cadence loses nothing unless more processes than that start
+      in one interval; 0 disables them.
     - ``mig_interval_s`` (30.0): re-enumeration of MIG instances (also done at once after a MIG
       handle goes stale).
 
@@ -71,6 +76,7 @@ class CollectionSettings(SettingsModel):
     interval_s: float = Field(default=1.0, gt=0, le=3600)
     pcie_interval_s: float = Field(default=10.0, ge=0, le=86400)
     errors_interval_s: float = Field(default=10.0, ge=0, le=86400)
+    accounting_interval_s: float = Field(default=10.0, ge=0, le=86400)
     mig_interval_s: float = Field(default=30.0, gt=0, le=86400)
     call_timeout_s: float = Field(default=2.0, gt=0, le=600)
     cycle_timeout_s: float | None = Field(default=None, gt=0, le=3600)
@@ -100,6 +106,8 @@ class CollectionSettings(SettingsModel):
             raise ValueError("pcie_interval_s: must be 0 (off) or >= interval_s")
         if self.errors_interval_s and self.errors_interval_s < self.interval_s:
             raise ValueError("errors_interval_s: must be 0 (off) or >= interval_s")
+        if self.accounting_interval_s and self.accounting_interval_s < self.interval_s:
+            raise ValueError("accounting_interval_s: must be 0 (off) or >= interval_s")
         if self.device_backoff_max_s < self.device_backoff_initial_s:
             raise ValueError("device_backoff_max_s: must be >= device_backoff_initial_s")
         if self.init_backoff_max_s < self.init_backoff_initial_s:

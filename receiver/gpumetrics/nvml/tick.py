@@ -8,8 +8,10 @@ needs it):
   snapshot fallback), power limits, energy, temperature, clocks, clock-event reasons, P-state,
   fans, BAR1, encoder sessions, NVLink data counters, PCIe (when due), ECC, NVLink links,
   violation counters and memory repair (when ``errors_interval_s`` is due); then process
-  utilisation and the process lists (which filter the utilisation samples).
-- MIG-enabled GPU: board-level values once on the parent (the board list above);
+  utilisation and the process lists (which filter the utilisation samples), the energy split
+  (the energy and utilisation reads again, no call of its own) and the accounting records.
+- MIG-enabled GPU: board-level values once on the parent (the board list above; its energy
+  delta is all unattributed: no per-process utilisation under MIG);
   utilisation and process utilisation are skipped (documented unsupported under MIG); GPM on
   the parent (the whole GPU) and per GPU instance, after the instances are known; then, per MIG
   instance, memory and process lists on the instance handle. Instances are re-enumerated every
@@ -26,12 +28,14 @@ from __future__ import annotations
 
 import pynvml
 
+from gpumetrics.nvml.accounting import collect_accounting
 from gpumetrics.nvml.board import collect_bar1, collect_encoder_stats, collect_pstate
 from gpumetrics.nvml.calls import DeviceLost
 from gpumetrics.nvml.clocks import collect_clocks, collect_event_reasons
 from gpumetrics.nvml.context import Tick
 from gpumetrics.nvml.device import Device, check_index, enumerate_mig, read_physical
 from gpumetrics.nvml.ecc import collect_ecc
+from gpumetrics.nvml.energy import attribute_energy
 from gpumetrics.nvml.fans import collect_fans
 from gpumetrics.nvml.gpm import collect_gpm, free_gpm
 from gpumetrics.nvml.memory import collect_memory
@@ -56,11 +60,12 @@ from gpumetrics.nvml.utilization import collect_codec, collect_utilization
 from gpumetrics.nvml.violations import collect_violations
 
 
-def _board(dev: Device, tick: Tick) -> None:
+def _board(dev: Device, tick: Tick) -> int | None:
+    """Read the board values; return the energy reading (mJ) for the energy split."""
     collect_power(dev, tick)
     collect_power_limit(dev, tick)
     collect_power_constraints(dev, tick)
-    collect_energy(dev, tick)
+    energy_mj = collect_energy(dev, tick)
     collect_temperature(dev, tick)
     collect_clocks(dev, tick)
     collect_event_reasons(dev, tick)
@@ -74,10 +79,14 @@ def _board(dev: Device, tick: Tick) -> None:
     collect_nvlink_links(dev, tick)
     collect_violations(dev, tick)
     collect_memory_health(dev, tick)
+    return energy_mj
 
 
-def _processes(dev: Device, tick: Tick, utilization: bool) -> None:
+def _processes(dev: Device, tick: Tick, utilization: bool, energy_mj: int | None = None) -> None:
+    """Process utilisation, lists, accounting and (on a GPU without MIG) the energy split."""
     if not tick.ctx.settings.process_metrics:
+        if utilization:
+            attribute_energy(dev, tick, energy_mj, None, None)
         return
     samples = read_process_utilization(dev, tick) if utilization else None
     counts: dict[str, int] = {}
@@ -85,8 +94,12 @@ def _processes(dev: Device, tick: Tick, utilization: bool) -> None:
     if entries is not None:
         collect_process_memory(dev, tick, entries)
         collect_process_counts(dev, tick, counts)
+    live = None if entries is None else entries.keys()
     if samples is not None:
-        collect_process_utilization(dev, tick, samples, None if entries is None else entries.keys())
+        collect_process_utilization(dev, tick, samples, live)
+    if utilization:  # a GPU without MIG: accounting is unsupported with MIG enabled
+        attribute_energy(dev, tick, energy_mj, samples, live)
+        collect_accounting(dev, tick, live)
 
 
 def _instance(inst: Device, tick: Tick) -> bool:
@@ -131,7 +144,8 @@ def _read_device(dev: Device, tick: Tick) -> None:
     if tick.check_index:
         check_index(tick.ctx, dev)
     if dev.mig_enabled:
-        _board(dev, tick)
+        # no per-process utilisation under MIG: the parent's energy is all unattributed
+        attribute_energy(dev, tick, _board(dev, tick), None, None)
         last = dev.state.get("mig_enumerated_ns")
         due = last is None or tick.mono_ns - last >= round(tick.ctx.settings.mig_interval_s * 1e9)
         if due or dev.state.pop("mig_stale", False):
@@ -145,8 +159,8 @@ def _read_device(dev: Device, tick: Tick) -> None:
         collect_utilization(dev, tick)
         collect_codec(dev, tick)
         collect_memory(dev, tick)
-        _board(dev, tick)
-        _processes(dev, tick, utilization=True)
+        energy_mj = _board(dev, tick)
+        _processes(dev, tick, utilization=True, energy_mj=energy_mj)
     dev.health.tick_done(dev.calls.degraded, ",".join(dev.calls.reasons))
     dev.calls.end_tick(_read_anything(tick))
 

@@ -47,6 +47,7 @@ __all__ = [
     "SAMPLING_TYPES",
     "ProcessUtilizationSpec",
     "ProcessUtilization",
+    "Accounting",
     "CallTrigger",
     "Process",
     "ProcessSet",
@@ -216,6 +217,25 @@ class ProcessUtilization(Strict):
     ofa: Dyn = 0
 
 
+class Accounting(Strict):
+    """Per-process accounting, as NVML's "Accounting Statistics" calls answer it.
+
+    The calls: ``nvmlDeviceGetAccountingMode``, ``…BufferSize``, ``…Pids``, ``…Stats``.
+    ``mode: enabled`` keeps a record of every process that ran on the GPU (its window), in a
+    circular buffer of ``buffer_size`` processes: the newest ``buffer_size`` by start time,
+    newly created processes overwriting the oldest, exited ones included. ``disabled``:
+    ``nvmlDeviceGetAccountingMode`` answers DISABLED and the pid and stats calls answer
+    NOT_SUPPORTED (accounting mode must be on); ``unsupported``: every accounting call answers
+    NOT_SUPPORTED, as does a device without ``accounting``. Statistics follow the NVML
+    reference of ``nvmlAccountingStats_t``: ``time`` is 0 while the process runs and its run
+    time in ms after it ended; ``startTime`` µs since the epoch; on a pid collision only the
+    newest process of that pid can be queried.
+    """
+
+    mode: Literal["enabled", "disabled", "unsupported"] = "enabled"
+    buffer_size: int = Field(default=4000, ge=1, le=100_000)
+
+
 class CallTrigger(Strict):
     """True from the ``calls``-th call of ``function`` on this device on (that call included).
 
@@ -366,6 +386,8 @@ class Device(Strict):
     ``process_lists: false`` makes every running-process call (all versions and
     ``nvmlDeviceGetRunningProcessDetailList``) answer NOT_SUPPORTED, as Jetson's integrated GPU
     does (an empty list would say "nothing runs", which is a different answer).
+    ``accounting`` models per-process accounting (:class:`Accounting`); omitted, every
+    accounting call answers NOT_SUPPORTED.
     ``supported_events`` are the event types ``nvmlDeviceGetSupportedEventTypes`` reports and
     ``nvmlDeviceRegisterEvents`` accepts (names of ``nvmlsim.eventtypes``); omitted, both answer
     NOT_SUPPORTED.
@@ -396,6 +418,7 @@ class Device(Strict):
     ecc: Ecc | None = None
     samples: Samples = Field(default_factory=Samples)
     process_utilization: ProcessUtilizationSpec | None = None
+    accounting: Accounting | None = None
     mig: Mig | None = None
     conf_compute: ConfCompute | None = None
     gpm: Gpm | None = None

@@ -7,6 +7,7 @@ profile decides which of them the simulated library exports.
 from __future__ import annotations
 
 from nvmlsim.symbols import (
+    accounting,
     board,
     events,
     fieldvalues,
@@ -34,6 +35,7 @@ _MODULES = (
     utilization,
     processes,
     procutil,
+    accounting,
     mig,
     fieldvalues,
     events,
