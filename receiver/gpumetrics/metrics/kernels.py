@@ -24,6 +24,8 @@ from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any
 
+from gpumetrics.wire import varint
+
 __all__ = ["frame_resources", "order_runs", "pack_points"]
 
 START_TAG, TIME_TAG, DOUBLE_TAG, INT_TAG = 0x11, 0x19, 0x21, 0x31
@@ -132,15 +134,6 @@ def order_runs(keys: Sequence[int]) -> tuple[Sequence[int], list[tuple[int, int,
     return order, runs
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 Run = tuple[int, int, int, int]
 """``(pid, start, end, points)``: a process's data points in a metric's buffer, by byte range."""
 
@@ -199,14 +192,14 @@ def frame_resources(
             if i < len(runs) and runs[i][0] == pid:
                 _, start, end, count = runs[i]
                 data = blob[start:end]
-                metric = header + _varint(len(data) + len(trailer)) + data + trailer
-                body.append(b"\x12" + _varint(len(metric)) + metric)
+                metric = header + varint(len(data) + len(trailer)) + data + trailer
+                body.append(b"\x12" + varint(len(metric)) + metric)
                 points += count
                 i += 1
             cursors[k] = i
         scope = scope_head + b"".join(body) + scope_tail
-        rm = resource + b"\x12" + _varint(len(scope)) + scope
-        entry = b"\x0a" + _varint(len(rm)) + rm
+        rm = resource + b"\x12" + varint(len(scope)) + scope
+        entry = b"\x0a" + varint(len(rm)) + rm
         if budget > 0 and used + len(entry) > budget:
             dropped.append((pid, points))
             continue
